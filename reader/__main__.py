@@ -1,0 +1,7 @@
+"""``python -m reader`` is ``fsdp-readings``."""
+
+import sys
+
+from reader.cli import main
+
+sys.exit(main())

@@ -1,0 +1,38 @@
+"""Broken input: a problem in a guide, pinned to a line of the guide and paired with the fix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a guide (or the lock): where, what, and how to fix it."""
+
+    path: Path
+    line: int  # 1-based line in the file the person edits (the .md, or the lock)
+    message: str
+    fix: str
+
+    def render(self, display_path: str | None = None) -> str:
+        where = display_path if display_path is not None else str(self.path)
+        return f"{where}:{self.line}: {self.message}\n    fix: {self.fix}"
+
+
+class GuideError(Exception):
+    """A guide that cannot be collected. Carries every problem found, not just the first."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        assert problems, "a GuideError needs at least one problem"
+        self.problems = sorted(problems, key=lambda p: p.line)
+        super().__init__(self.render())
+
+    @classmethod
+    def at(cls, path: Path, line: int, message: str, fix: str) -> GuideError:
+        return cls([Problem(path, line, message, fix)])
+
+    def render(self, display_path: str | None = None) -> str:
+        count = len(self.problems)
+        head = f"{count} problem{'s' if count != 1 else ''} in {display_path or self.problems[0].path}"
+        return "\n".join([head, *(p.render(display_path) for p in self.problems)])

@@ -1,0 +1,112 @@
+"""The guide model: front matter (anchors, claims) and the body split into regions.
+
+Shaped like sybil: a document is a sequence of regions, each produced by a small parser (``reader.parse``).
+Everything carries the 1-based line of the ``.md`` file it came from, so errors and failures point there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+
+@dataclass(frozen=True)
+class AnchorSpec:
+    """A torch symbol the guide reads, optionally narrowed to one statement by an exact code pattern."""
+
+    name: str  # short id used in item ids, the lock key and directives
+    symbol: str  # "torch.distributed.fsdp._flat_param:FlatParamHandle.unshard"
+    pattern: str | None
+    line: int
+
+    @property
+    def module(self) -> str:
+        return self.symbol.partition(":")[0]
+
+    @property
+    def qualname(self) -> str:
+        return self.symbol.partition(":")[2]
+
+
+@dataclass(frozen=True)
+class ClaimSpec:
+    """One sentence about behaviour and the check (run on the rank pool) that proves it."""
+
+    id: str
+    statement: str
+    check: str  # "checks.prefetch:backward_pre_order"
+    kwargs: Mapping[str, Any]
+    world_size: int
+    markers: tuple[str, ...]
+    evidence: tuple[str, ...]  # anchor names; empty = every traceable anchor of the guide
+    timeout: float | None
+    line: int
+
+
+@dataclass(frozen=True)
+class Note:
+    """An annotation pinned to the one place in an anchor's live code that ``pattern`` matches."""
+
+    pattern: str
+    text: str
+    line: int
+
+
+@dataclass(frozen=True)
+class Prose:
+    """Markdown between directives, kept verbatim for renderers."""
+
+    start: int
+    end: int
+    text: str
+
+
+@dataclass(frozen=True)
+class SourceBlock:
+    """A ```` ```source <anchor> ```` fence: quote the anchor's live code here, with these notes on it."""
+
+    anchor: str
+    notes: tuple[Note, ...]
+    start: int  # the opening fence line
+    end: int  # the closing fence line
+
+
+Region = Prose | SourceBlock
+
+
+@dataclass(frozen=True)
+class Guide:
+    path: Path
+    id: str
+    title: str
+    order: int
+    torch: SpecifierSet
+    anchors: tuple[AnchorSpec, ...]
+    claims: tuple[ClaimSpec, ...]
+    regions: tuple[Region, ...] = field(default=())
+    id_line: int = 1
+
+    def anchor(self, name: str) -> AnchorSpec:
+        for anchor in self.anchors:
+            if anchor.name == name:
+                return anchor
+        raise KeyError(name)
+
+    def source_blocks(self, anchor_name: str | None = None) -> list[SourceBlock]:
+        return [r for r in self.regions if isinstance(r, SourceBlock) and anchor_name in (None, r.anchor)]
+
+    def applies_to(self, torch_version: str | None) -> bool:
+        """Whether the guide's ``torch`` specifier admits this version (pre-releases and nightlies
+        included)."""
+        if torch_version is None:
+            return True
+        try:
+            version = Version(torch_version)
+        except InvalidVersion:
+            return True  # an unparseable version string must not hide drift
+        return self.torch.contains(version, prereleases=True)

@@ -1,0 +1,43 @@
+"""Fixtures for the reader's tests (helpers live in ``reader_support``). Nothing here touches the network or
+the real torch wheel. pytester is enabled here (a non-root conftest may not set ``pytest_plugins``), so these
+tests run whether or not the root conftest loads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from reader_support import TorchTree, make_tree
+
+from reader import torch_source
+from reader.index import IndexCache
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not config.pluginmanager.has_plugin("pytester"):
+        config.pluginmanager.import_plugin("pytester")
+
+
+@pytest.fixture
+def torch_tree(tmp_path: Path) -> TorchTree:
+    return make_tree(tmp_path / "site-packages")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Each test gets its own on-disk index cache and an empty in-memory one, so cache tests count
+    honestly."""
+    directory = tmp_path_factory.mktemp("index-cache")
+    monkeypatch.setenv("FSDP_READINGS_CACHE", str(directory))
+    IndexCache.clear_memory()
+    yield directory
+    IndexCache.clear_memory()
+
+
+@pytest.fixture
+def installed_tree(torch_tree: TorchTree, monkeypatch: pytest.MonkeyPatch) -> TorchTree:
+    """Make the synthetic tree the 'installed' torch for this test (in-process pytester runs see it too)."""
+    monkeypatch.setattr(torch_source, "installed_root", lambda: torch_tree.root)
+    return torch_tree
