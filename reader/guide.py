@@ -76,7 +76,27 @@ class SourceBlock:
     end: int  # the closing fence line
 
 
-Region = Prose | SourceBlock
+@dataclass(frozen=True)
+class ExpectBlock:
+    """A ```` ```expect <name> ```` fence: data the prose states (one item per non-blank line) that a claim's check
+    receives as its expected value, so what the guide says and what is checked are one text."""
+
+    name: str
+    items: tuple[str, ...]
+    start: int
+    end: int
+
+
+Region = Prose | SourceBlock | ExpectBlock
+
+BLOCK_REFERENCE = "expect"  # a kwarg written { expect = "<block name>" } receives that block's items
+
+
+def block_reference(value: Any) -> str | None:
+    """The block name if ``value`` is a reference to an expect block, else None."""
+    if isinstance(value, Mapping) and set(value) == {BLOCK_REFERENCE} and isinstance(value[BLOCK_REFERENCE], str):
+        return value[BLOCK_REFERENCE]
+    return None
 
 
 @dataclass(frozen=True)
@@ -99,6 +119,18 @@ class Guide:
 
     def source_blocks(self, anchor_name: str | None = None) -> list[SourceBlock]:
         return [r for r in self.regions if isinstance(r, SourceBlock) and anchor_name in (None, r.anchor)]
+
+    def expect_blocks(self) -> dict[str, ExpectBlock]:
+        return {r.name: r for r in self.regions if isinstance(r, ExpectBlock)}
+
+    def claim_kwargs(self, claim: ClaimSpec) -> dict[str, Any]:
+        """The claim's kwargs with every ``{ expect = "<name>" }`` replaced by that block's items (a list)."""
+        blocks = self.expect_blocks()
+        resolved = {}
+        for key, value in claim.kwargs.items():
+            name = block_reference(value)
+            resolved[key] = list(blocks[name].items) if name is not None else value
+        return resolved
 
     def applies_to(self, torch_version: str | None) -> bool:
         """Whether the guide's ``torch`` specifier admits this version (pre-releases and nightlies

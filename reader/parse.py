@@ -16,7 +16,7 @@ import io
 import re
 import tokenize
 import tomllib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,17 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from reader.checkref import CHECK_RE, CheckFinder
 from reader.errors import GuideError, Problem
-from reader.guide import AnchorSpec, ClaimSpec, Guide, Note, Prose, Region, SourceBlock
+from reader.guide import (
+    AnchorSpec,
+    ClaimSpec,
+    ExpectBlock,
+    Guide,
+    Note,
+    Prose,
+    Region,
+    SourceBlock,
+    block_reference,
+)
 from reader.patterns import PatternError, pattern_tokens
 
 FENCE = "+++"
@@ -92,6 +102,7 @@ def parse_guide(text: str, path: Path, checks: CheckFinder | None = None) -> Gui
     guide = front_matter.build(data, path)
     # Check directives against every declared anchor name, valid or not: one bad symbol must not cascade.
     regions = list(_body_regions(lines[close + 1 :], close + 2, report, front_matter.declared))
+    _check_block_references(guide, regions, report)
     if report.problems:
         raise GuideError(report.problems)
     return replace(guide, regions=tuple(regions))
@@ -420,23 +431,26 @@ class _Locator:
 
 # --- body ---------------------------------------------------------------------------------------------------
 
-BodyParser = Callable[[list[str], int, _Report, set[str]], Iterable[SourceBlock]]
+BodyParser = Callable[[list[str], int, _Report, set[str]], Iterable[SourceBlock | ExpectBlock]]
 
 
-def _source_blocks(lines: list[str], first_line: int, report: _Report, anchors: set[str]) -> Iterable[SourceBlock]:
-    """```` ```source <anchor> ```` fences. The fence holds only notes; the code is read live from torch."""
+def _fences(lines: list[str], first_line: int, kind: str) -> Iterator[tuple[list[str], str, int, int]]:
+    """(info words, content, first line, last line) of every fence whose info string starts with ``kind``."""
     for token in MarkdownIt("commonmark").parse("\n".join(lines)):
         if token.type != "fence" or not token.map:
             continue
         words = token.info.split()
-        if not words or words[0] != "source":
-            continue
-        start = first_line + token.map[0]
-        end = first_line + token.map[1] - 1
+        if words and words[0] == kind:
+            yield words, token.content, first_line + token.map[0], first_line + token.map[1] - 1
+
+
+def _source_blocks(lines: list[str], first_line: int, report: _Report, anchors: set[str]) -> Iterable[SourceBlock]:
+    """```` ```source <anchor> ```` fences. The fence holds only notes; the code is read live from torch."""
+    for words, content, start, end in _fences(lines, first_line, "source"):
         if len(words) != 2:
             report.add(
                 start,
-                f"a source block names one anchor, got `{token.info.strip()}`",
+                f"a source block names one anchor, got `{' '.join(words)}`",
                 "write the opening fence as ```source <anchor-name>",
             )
             continue
@@ -447,11 +461,42 @@ def _source_blocks(lines: list[str], first_line: int, report: _Report, anchors: 
                 f"source block names `{name}`, which is not an anchor of this guide",
                 _name_fix(name, anchors),
             )
-        notes = tuple(_notes(token.content, start + 1, report))
+        notes = tuple(_notes(content, start + 1, report))
         yield SourceBlock(name, notes, start, end)
 
 
-BODY_PARSERS: tuple[BodyParser, ...] = (_source_blocks,)
+def _expect_blocks(lines: list[str], first_line: int, report: _Report, anchors: set[str]) -> Iterable[ExpectBlock]:
+    """```` ```expect <name> ```` fences: one expected item per non-blank line, handed to claims that ask."""
+    seen: dict[str, int] = {}
+    for words, content, start, end in _fences(lines, first_line, "expect"):
+        if len(words) != 2:
+            report.add(start, f"an expect block has one name, got `{' '.join(words)}`", "write ```expect <name>")
+            continue
+        name = words[1]
+        if name in seen:
+            report.add(start, f"duplicate expect block `{name}` (first on line {seen[name]})", "rename one of them")
+            continue
+        seen[name] = start
+        items = tuple(line.strip() for line in content.split("\n") if line.strip())
+        if not items:
+            report.add(start, f"expect block `{name}` is empty", "write one expected item per line")
+        yield ExpectBlock(name, items, start, end)
+
+
+def _check_block_references(guide: Guide, regions: list[Region], report: _Report) -> None:
+    names = {r.name for r in regions if isinstance(r, ExpectBlock)}
+    for claim in guide.claims:
+        for key, value in claim.kwargs.items():
+            name = block_reference(value)
+            if name is not None and name not in names:
+                report.add(
+                    claim.line,
+                    f"claim `{claim.id}` takes `{key}` from expect block `{name}`, which this guide does not have",
+                    _block_fix(name, names),
+                )
+
+
+BODY_PARSERS: tuple[BodyParser, ...] = (_source_blocks, _expect_blocks)
 
 
 def _notes(content: str, first_line: int, report: _Report) -> Iterable[Note]:
@@ -541,6 +586,13 @@ def _symbol_fix(symbol: str) -> str:
             "`torch.distributed.fsdp._flat_param:FlatParamHandle.unshard`"
         )
     return "write `package.module:Name`, `package.module:Class.method` or `package.module:outer.<locals>.inner`"
+
+
+def _block_fix(name: str, names: set[str]) -> str:
+    close = difflib.get_close_matches(name, sorted(names), n=1)
+    if close:
+        return f"did you mean `{close[0]}`?"
+    return f"add a fence ```expect {name} to the prose, one expected item per line"
 
 
 def _name_fix(name: str, names: set[str]) -> str:

@@ -415,7 +415,7 @@ class ClaimItem(_GuideItem):
             raise ClaimFailed(self._blocked(failed))
         request = ClaimRequest(
             target=self.claim.check,
-            kwargs=self.claim.kwargs,
+            kwargs=self.guide.claim_kwargs(self.claim),
             world_size=self.claim.world_size,
             trace=trace_symbols(self.guide, resolutions),
             timeout=self.claim.timeout,

@@ -226,3 +226,37 @@ def test_which_markdown_files_are_guides(tmp_path: Path):
     fronted.write_text("+++\n+++\n")
     assert not looks_like_guide(readme)
     assert looks_like_guide(numbered) and looks_like_guide(fronted)
+
+
+EXPECT_CLAIM = CLAIM.replace('mode = "forward"', 'mode = "forward"\norder = { expect = "order" }')
+EXPECT_BODY = BODY + """
+The order, as the guide states it:
+
+```expect order
+root -> blocks.0
+
+blocks.0 -> blocks.1
+```
+"""
+
+
+def test_expect_block_feeds_a_claim(checks: CheckFinder):
+    g = parse(guide(anchors=PREFETCH_ANCHOR, claims=EXPECT_CLAIM, body=EXPECT_BODY), checks)
+    (block,) = g.expect_blocks().values()
+    assert block.name == "order" and block.items == ("root -> blocks.0", "blocks.0 -> blocks.1")
+    (claim,) = g.claims
+    assert claim.kwargs["order"] == {"expect": "order"}  # the spec keeps the reference; resolution is explicit
+    assert g.claim_kwargs(claim) == {"mode": "forward", "order": ["root -> blocks.0", "blocks.0 -> blocks.1"],
+                                     "iterations": 2}  # fmt: skip
+
+
+def test_expect_block_problems(checks: CheckFinder):
+    body = EXPECT_BODY + "\n```expect order\nx\n```\n\n```expect\n```\n\n```expect empty\n```\n"
+    claims = EXPECT_CLAIM.replace('{ expect = "order" }', '{ expect = "ordr" }')
+    found = problems(guide(anchors=PREFETCH_ANCHOR, claims=claims, body=body), checks)
+    messages = {m: (line, fix) for line, m, fix in found}
+    assert messages["claim `forward-order` takes `order` from expect block `ordr`, which this guide does not have"] == (
+        12, "did you mean `order`?")  # fmt: skip
+    assert any(m.startswith("duplicate expect block `order` (first on line") for m in messages)
+    assert "an expect block has one name, got `expect`" in messages
+    assert "expect block `empty` is empty" in messages
