@@ -1,0 +1,41 @@
+"""Sabotage recipes for break-it tests: the torch behaviour a claim asserts, bent on purpose.
+
+Each function here is a ``wrapper`` for `checks.sabotage.wrapped_by` (called as ``wrapper(original, *args,
+**kwargs)``) or a plain replacement. A break-it test names one in a `checks.protocol.Patch`; the ranks apply it
+for one check and undo it afterwards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def shard_then_size_eagerly(original: Any, handle: Any, *args: Any, **kwargs: Any) -> Any:
+    """``FlatParamHandle.shard`` that also sets ``_padded_unsharded_size`` at construction, as an eager
+    implementation would."""
+    result = original(handle, *args, **kwargs)
+    flat_param = handle.flat_param
+    flat_param._padded_unsharded_size = torch.Size([flat_param.numel() * handle.world_size])
+    return result
+
+
+def share_but_forget_roles(original: Any, root_state: Any, root_module: Any) -> None:
+    """Share state as usual, then leave the non-roots' ``_is_root`` undecided, so each decides for itself."""
+    original(root_state, root_module)
+    for state in root_state._all_fsdp_states:
+        if state is not root_state:
+            state._is_root = None
+
+
+def share_copies_not_objects(original: Any, root_state: Any, root_module: Any) -> None:
+    """Share state as usual, then give each non-root an equal copy of the root's execution-order record and
+    free-event queue instead of the object itself."""
+    import copy
+
+    original(root_state, root_module)
+    for state in root_state._all_fsdp_states:
+        if state is not root_state:
+            state._exec_order_data = copy.copy(root_state._exec_order_data)
+            state._free_event_queue = copy.copy(root_state._free_event_queue)
