@@ -111,6 +111,8 @@ def _preimport() -> None:
     import torch.distributed.optim
     import torch.nn.parallel  # noqa: F401
 
+    import checks.probes  # noqa: F401  (its imports cost ~1.5 s on first use)
+
 
 if __name__ == "__main__":
     main(sys.argv[1:])

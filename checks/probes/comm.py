@@ -1,0 +1,293 @@
+"""Record every collective a rank issues, in call order, at the dispatcher: ``with record_comm() as comm: ...``.
+
+Where it listens: a ``TorchDispatchMode`` that sees the ``c10d::*`` and ``_c10d_functional::*`` operators every
+collective goes through (see `checks.probes.collectives`). That layer is below every Python API name (torch 2.13
+FSDP calls ``dist.all_gather_single`` / ``reduce_scatter_single``, FSDP1 on CPU the list ``dist.all_gather``,
+older code ``all_gather_into_tensor`` / ``_all_gather_base``: all the same operators), below every ``from ... import``
+copy of those names, and it also sees C++ callers: DDP's reducer all-reduces its buckets from C++, through
+``ProcessGroup::allreduce``, which dispatches ``c10d::allreduce_`` like any other caller. Measured on the toy model:
+one ``allreduce_`` of 98 elements per DDP step, recorded with ``api="<C++>"``. That is why this recorder uses a
+dispatch mode and not a DDP comm hook: a hook must be registered before the first backward and replaces the C++
+built-in all-reduce with a Python one, so it observes a different code path than the one a guide reads.
+
+Each record (`Collective`) keeps op kind, operator, dtype, full payload (elements, bytes), ring-model bytes sent
+per rank, group size and ranks, the Python API the caller used (outermost frame in ``distributed_c10d`` or
+``_functional_collectives``; ``"<C++>"`` when no Python frame issued it), the calling function (the nearest frame
+outside torch's collective plumbing, e.g.
+``torch.distributed.fsdp._flat_param:FlatParamHandle._all_gather_flat_param``), whether it was issued inside
+backward, asynchronously, or by an object collective (``all_gather_object`` and friends, marked
+``object_collective``). Async work handles are recorded when issued; waits are not recorded.
+
+Tensor subclasses (DTensor, funcol's AsyncCollectiveTensor) are let through first, so the collectives their own
+dispatch issues come back through the recorder instead of running inside it unseen.
+
+Blind spots, each caught by the cross-check (`checks.probes.crosscheck`, on by default) rather than missed:
+calls made directly on a backend object (``group._get_backend(device).allreduce``) skip the dispatcher, and
+collectives issued on a Python thread started inside the block (a dispatch mode belongs to the thread that entered
+it; autograd's own threads inherit it). The cross-check needs async collectives to finish inside the block (wait
+before leaving it), and it explains a backend event only by count and size, not by the order of the calls.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
+
+from checks.probes import clock, collectives
+from checks.probes.crosscheck import BackendEvents, CrossCheck, compare
+
+# Frames that are torch's collective plumbing, never "the caller".
+_API_MODULES = {
+    "torch.distributed.distributed_c10d": "",
+    "torch.distributed._functional_collectives": "funcol.",
+    "torch.distributed._functional_collectives_impl": "funcol.",
+}
+_PLUMBING = (
+    "torch._dynamo", "torch._compile", "torch._ops", "torch._library", "torch.distributed.c10d_logger",
+    "typing_extensions", "functools", "contextlib", "torch.utils._python_dispatch", "torch.utils._contextlib",
+    "torch.autograd.profiler", "checks.probes",
+)  # fmt: skip
+_MODE_HANDLERS = frozenset({"__torch_dispatch__", "__torch_function__"})  # other modes and subclasses in between
+OBJECT_APIS = frozenset(
+    {
+        "all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list", "send_object_list",
+        "recv_object_list",
+    }
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective as this rank issued it. Plain data: returnable from a rank, comparable across ranks
+    through `key` (which leaves out the rank and the sequence number)."""
+
+    index: int  # position in this recording, from 1
+    op: str  # all_reduce | all_gather | reduce_scatter | broadcast | reduce | all_to_all | gather | scatter | ...
+    torch_op: str  # dispatcher operator, e.g. "c10d::_allgather_base_"
+    api: str  # Python API the caller used ("all_gather_single", "funcol.all_reduce"), or "<C++>"
+    caller: str  # nearest frame outside the plumbing, "module:qualname"
+    dtype: str  # "torch.float32", "mixed", or "" for a barrier
+    numel: int  # elements of the full payload S
+    nbytes: int  # bytes of the full payload S
+    ring_bytes: float  # bytes this rank sends under the ring model
+    group_size: int
+    group_ranks: tuple[int, ...]
+    backend: str  # the group's backend, "gloo" / "nccl"
+    numels: tuple[int, ...] = ()  # elements of each tensor of the full payload (list and coalesced forms)
+    tensors: int = 1  # how many tensors one call coalesces
+    async_op: bool = False
+    object_collective: bool = False
+    in_backward: bool = False
+    rank: int = -1
+    seq: int = 0
+
+    def key(self) -> tuple[Any, ...]:
+        return (
+            self.index, self.op, self.torch_op, self.api, self.caller, self.dtype, self.numel, self.group_size,
+            self.group_ranks, self.numels, self.object_collective, self.in_backward,
+        )  # fmt: skip
+
+    def describe(self) -> str:
+        return f"{self.op} {self.numel} × {self.dtype.removeprefix('torch.')} via {self.api} from {self.caller}"
+
+
+@dataclass(frozen=True)
+class OpTotals:
+    op: str
+    count: int
+    numel: int
+    nbytes: int
+    ring_bytes: float
+
+
+@dataclass
+class CommLog:
+    """What `record_comm` recorded on one rank."""
+
+    rank: int = -1
+    world_size: int = 0
+    records: list[Collective] = field(default_factory=list)
+    crosscheck: CrossCheck | None = None
+
+    def __iter__(self) -> Iterator[Collective]:
+        return iter(self.records)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> Collective:
+        return self.records[index]
+
+    def select(
+        self, op: str | None = None, *, objects: bool | None = False, in_backward: bool | None = None
+    ) -> list[Collective]:
+        """Records of one kind (all when ``op`` is None). Object collectives are left out unless ``objects`` is
+        True (only them) or None (both)."""
+        return [
+            r
+            for r in self.records
+            if (op is None or r.op == op)
+            and (objects is None or r.object_collective == objects)
+            and (in_backward is None or r.in_backward == in_backward)
+        ]
+
+    def count(self, op: str | None = None, **filters: Any) -> int:
+        return len(self.select(op, **filters))
+
+    def nbytes(self, op: str | None = None, **filters: Any) -> int:
+        return sum(r.nbytes for r in self.select(op, **filters))
+
+    def ring_bytes(self, op: str | None = None, **filters: Any) -> float:
+        return sum(r.ring_bytes for r in self.select(op, **filters))
+
+    def totals(self, *, objects: bool | None = False) -> list[OpTotals]:
+        """Per op kind (in `collectives.KINDS` order, then unknown ones): count, elements, bytes, ring bytes."""
+        kinds = [k for k in collectives.KINDS if self.count(k, objects=objects)]
+        kinds += sorted({r.op for r in self.select(objects=objects)} - set(kinds))
+        return [
+            OpTotals(
+                k,
+                self.count(k, objects=objects),
+                sum(r.numel for r in self.select(k, objects=objects)),
+                self.nbytes(k, objects=objects),
+                self.ring_bytes(k, objects=objects),
+            )
+            for k in kinds
+        ]
+
+    def keys(self) -> list[tuple[Any, ...]]:
+        return [r.key() for r in self.records]
+
+
+class UnrecordedCollectives(AssertionError):
+    """The backend ran collectives the recorder did not see (or did not run ones it recorded)."""
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, log: CommLog) -> None:
+        super().__init__()
+        self.log = log
+
+    def __torch_dispatch__(self, func: Any, types_: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if any(is_traceable_wrapper_subclass_type(t) for t in types_):
+            return NotImplemented  # let DTensor & co. desugar; their inner ops come back here
+        if func.namespace in collectives.NAMESPACES:
+            name = func._schema.name
+            if collectives.is_collective(name):
+                self._record(name, collectives.bind(func, args, kwargs))
+        return func(*args, **(kwargs or {}))
+
+    def _record(self, name: str, bound: dict[str, Any]) -> None:
+        payload = collectives.payload(name, bound)
+        size, ranks, backend = _group(payload.group)
+        factor = size if payload.per_rank else 1
+        numels = tuple(t.numel() * factor for t in payload.tensors)
+        nbytes = sum(t.numel() * t.element_size() * factor for t in payload.tensors)
+        dtypes = {str(t.dtype) for t in payload.tensors}
+        api, caller = _attribute(sys._getframe(2), name)
+        kind = payload.kind
+        ring = (
+            float(payload.sent_bytes_p2p)
+            if payload.sent_bytes_p2p is not None
+            else collectives.ring_bytes(kind, nbytes, size)
+            if not kind.startswith("unknown:")
+            else 0.0
+        )
+        self.log.records.append(
+            Collective(
+                index=len(self.log.records) + 1,
+                op=kind,
+                torch_op=name,
+                api=api,
+                caller=caller,
+                dtype=dtypes.pop() if len(dtypes) == 1 else ("mixed" if dtypes else ""),
+                numel=sum(numels),
+                nbytes=nbytes,
+                ring_bytes=ring,
+                group_size=size,
+                group_ranks=ranks,
+                backend=backend,
+                numels=numels,
+                tensors=payload.count,
+                async_op=payload.async_op,
+                object_collective=api in OBJECT_APIS,
+                in_backward=torch._C._current_graph_task_id() != -1,
+                rank=self.log.rank,
+                seq=clock.tick(),
+            )
+        )
+
+
+def _group(group: Any) -> tuple[int, tuple[int, ...], str]:
+    """(size, global ranks, backend) of the group an operator received (a boxed ProcessGroup or a group name)."""
+    if isinstance(group, torch.ScriptObject):
+        group = dist.ProcessGroup.unbox(group)
+    elif isinstance(group, str):
+        group = dist.distributed_c10d._resolve_process_group(group)
+    if group is None:
+        group = dist.distributed_c10d._get_default_group()
+    try:
+        ranks = tuple(dist.get_process_group_ranks(group))
+    except (ValueError, RuntimeError):  # a group c10d does not know (e.g. FSDP1's fake process group)
+        ranks = ()
+    try:
+        backend = str(dist.get_backend(group))
+    except (ValueError, RuntimeError):
+        backend = group.name()
+    return group.size(), ranks, backend
+
+
+def _attribute(frame: types.FrameType | None, op_name: str) -> tuple[str, str]:
+    """(api, caller): the outermost Python collective API on the stack and the frame that called it."""
+    api = ""
+    direct = False  # Python called the operator itself (torch.ops....), not through an API function
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module in _API_MODULES:
+            api = _API_MODULES[module] + frame.f_code.co_name
+        elif frame.f_code.co_name in _MODE_HANDLERS:
+            direct = False  # operator frames so far were another mode re-dispatching; what called it is above
+        elif module.startswith(_PLUMBING):
+            direct = direct or module == "torch._ops"
+        else:
+            break
+        frame = frame.f_back
+    caller = f"{frame.f_globals.get('__name__', '?')}:{frame.f_code.co_qualname}" if frame is not None else "?"
+    if not api:
+        api = f"torch.ops.{op_name.replace('::', '.')}" if direct else "<C++>"
+    return api, caller
+
+
+@contextmanager
+def record_comm(*, crosscheck: bool = True) -> Iterator[CommLog]:
+    """Record the collectives issued in the block on this rank.
+
+    With ``crosscheck`` (the default) the backend's own profiler events are collected too and, when the block
+    finishes, every one must be explained by a record and every record by one: otherwise `UnrecordedCollectives`
+    is raised with both lists. The result is kept on ``log.crosscheck``.
+    """
+    log = CommLog(
+        rank=dist.get_rank() if dist.is_initialized() else 0,
+        world_size=dist.get_world_size() if dist.is_initialized() else 1,
+    )
+    witness = BackendEvents() if crosscheck else None
+    if witness is not None:
+        witness.__enter__()
+    try:
+        with _Recorder(log):
+            yield log
+    finally:
+        if witness is not None:
+            witness.__exit__(None, None, None)
+    if witness is not None:
+        log.crosscheck = compare(log.records, witness.events, witness.method)
+        if not log.crosscheck.ok:
+            raise UnrecordedCollectives(log.crosscheck.explain())
