@@ -39,3 +39,44 @@ def share_copies_not_objects(original: Any, root_state: Any, root_module: Any) -
         if state is not root_state:
             state._exec_order_data = copy.copy(root_state._exec_order_data)
             state._free_event_queue = copy.copy(root_state._free_event_queue)
+
+
+def reshard_twice_on_rank_1(original: Any, state: Any, handle: Any) -> None:
+    """``_post_forward_reshard`` that, on rank 1 only, first keeps and then frees: the ranks' event sequences
+    differ while their collectives still match (a divergence that changes collectives would deadlock instead)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import _runtime_utils
+
+    if handle and dist.get_rank() == 1:
+        _runtime_utils._reshard(state, handle, False)
+    original(state, handle)
+
+
+def forward_registering_hooks(original: Any, module: Any, *args: Any, keep: bool = False, **kwargs: Any) -> Any:
+    """``FullyShardedDataParallel.forward`` that first calls the composable-path helper
+    ``_register_pre_forward_hook`` (and removes the hook again unless ``keep``)."""
+    from torch.distributed.fsdp import _runtime_utils
+
+    _runtime_utils._register_pre_forward_hook(module, module)
+    if not keep:
+        for handle in module._pre_forward_handles:
+            handle.remove()
+        module._pre_forward_handles.clear()
+    return original(module, *args, **kwargs)
+
+
+def finalize_keeping_hook_state(original: Any, state: Any) -> None:
+    """``_finalize_params`` that removes the hook but leaves ``_post_backward_hook_state`` behind."""
+    handle = state._handle
+    kept = getattr(handle.flat_param, "_post_backward_hook_state", None) if handle else None
+    original(state)
+    if kept is not None:
+        handle.flat_param._post_backward_hook_state = kept
+
+
+def reshard_everything(original: Any, state: Any, handle: Any) -> None:
+    """``_post_forward_reshard`` that frees every unit, the root included."""
+    from torch.distributed.fsdp import _runtime_utils
+
+    if handle:
+        _runtime_utils._reshard(state, handle, True)

@@ -1,0 +1,59 @@
+"""Guide 01: bend the step and watch the step map's claims fail."""
+
+import pytest
+
+from checks.protocol import Patch
+
+RU = "torch.distributed.fsdp._runtime_utils"
+FSDP_FORWARD = "torch.distributed.fsdp.fully_sharded_data_parallel:FullyShardedDataParallel.forward"
+
+
+def wrapped(target: str, wrapper: str, **params: object) -> Patch:
+    return Patch(target, "checks.sabotage:wrapped_by", {"wrapper": f"checks.breakers:{wrapper}", **params})
+
+
+@pytest.mark.breaks("01-step-map", "one-step-timeline")
+def test_no_backward_prefetch_changes_the_timeline(broken) -> None:
+    run = broken(Patch(f"{RU}:_get_handle_to_prefetch", "checks.sabotage:returns", {"value": None}))
+    assert "step timeline differs from the expectation" in run.failure
+    assert "prefetch blocks.2 (all-gather)" in run.failure  # the expected line that went missing
+
+
+@pytest.mark.breaks("01-step-map", "one-step-timeline")
+def test_freeing_the_root_after_forward_changes_the_timeline(broken) -> None:
+    # Free every unit after forward, the root included: the root's backward unshard must all-gather again.
+    run = broken(Patch(f"{RU}:_post_forward_reshard", "checks.sabotage:wrapped_by",
+                       {"wrapper": "checks.breakers:reshard_everything"}))  # fmt: skip
+    assert "step timeline differs from the expectation" in run.failure
+    assert "forward root reshard, free" in run.failure
+
+
+@pytest.mark.breaks("01-step-map", "same-on-every-rank")
+def test_rank_dependent_resharding_is_caught(broken) -> None:
+    run = broken(wrapped(f"{RU}:_post_forward_reshard", "reshard_twice_on_rank_1"))
+    assert "the FSDP event sequence differs between ranks (rank 0 vs [1])" in run.failure
+
+
+@pytest.mark.breaks("01-step-map", "forward-is-called-not-hooked")
+def test_a_forward_that_registers_hooks_is_caught(broken) -> None:
+    run = broken(wrapped(FSDP_FORWARD, "forward_registering_hooks"))
+    assert "forward hook registration ran: ['_register_pre_forward_hook']" in run.failure
+
+
+@pytest.mark.breaks("01-step-map", "forward-is-called-not-hooked")
+def test_a_caller_in_the_torch_tree_is_caught(broken, tmp_path) -> None:
+    # The static half of the claim: a fake torch tree whose module calls a registration helper.
+    fake = tmp_path / "torch" / "distributed" / "fsdp"
+    fake.mkdir(parents=True)
+    (fake / "_composable_again.py").write_text(
+        "def attach(state, module):\n    _register_pre_forward_hook(state, module)\n"
+    )
+    run = broken(torch_root=str(tmp_path / "torch"))
+    assert "the installed torch calls the forward registration helpers" in run.failure
+    assert "_composable_again.py:2" in run.failure
+
+
+@pytest.mark.breaks("01-step-map", "post-backward-hook-per-iteration")
+def test_hook_state_left_behind_is_caught(broken) -> None:
+    run = broken(wrapped(f"{RU}:_finalize_params", "finalize_keeping_hook_state"))
+    assert "after backward 1: post-backward hook registered" in run.failure
