@@ -80,3 +80,23 @@ def reshard_everything(original: Any, state: Any, handle: Any) -> None:
 
     if handle:
         _runtime_utils._reshard(state, handle, True)
+
+
+def every_sharded_strategy(original: Any) -> tuple[Any, ...]:
+    """A RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES that also frees SHARD_GRAD_OP units after forward."""
+    from torch.distributed.fsdp._flat_param import HandleShardingStrategy
+
+    return (*original, HandleShardingStrategy.SHARD_GRAD_OP)
+
+
+def all_gather_twice(original: Any, handle: Any, padded_unsharded_flat_param: Any) -> Any:
+    """``FlatParamHandle._all_gather_flat_param`` that gathers the same shard twice."""
+    original(handle, padded_unsharded_flat_param)
+    return original(handle, padded_unsharded_flat_param)
+
+
+def reshard_keeping_prefetched(original: Any, state: Any, handle: Any, free_unsharded_flat_param: bool) -> None:
+    """``_reshard`` that restores the handle's ``_prefetched`` flag afterwards (the pre-2.2 behaviour, roughly)."""
+    prefetched = handle._prefetched
+    original(state, handle, free_unsharded_flat_param)
+    handle._prefetched = prefetched

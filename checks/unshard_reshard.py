@@ -1,0 +1,102 @@
+"""Checks for guide 03, unshard and reshard around forward."""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.fsdp import ShardingStrategy
+from torch.distributed.fsdp import _runtime_utils as ru
+
+from checks.context import RankContext
+from checks.gpt_fsdp import ROOT, batch, fsdp1_gpt, units
+from checks.probes import assert_sequence, record_comm
+
+FREES_AFTER_FORWARD = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}  # the guide's table, by strategy
+
+
+def _unsharded_bytes(model: torch.nn.Module) -> dict[str, int]:
+    """Bytes held by each unit's padded unsharded flat parameter (0 once FSDP freed its storage)."""
+    return {
+        name: unit._handle.flat_param._full_param_padded.untyped_storage().nbytes()
+        for name, unit in units(model).items()
+    }
+
+
+def _padded_bytes(model: torch.nn.Module) -> dict[str, int]:
+    """What an allocated unsharded buffer holds: N shards of the local shard's size and dtype."""
+    out = {}
+    for name, unit in units(model).items():
+        shard = unit._handle.flat_param._local_shard
+        out[name] = unit.world_size * shard.numel() * shard.element_size()
+    return out
+
+
+def after_forward_storage(ctx: RankContext, strategy: str) -> dict[str, int]:
+    """After a forward, a non-root unit's unsharded storage is freed iff the strategy reshards after forward;
+    the root keeps its storage under every strategy."""
+    model = fsdp1_gpt(ctx, sharding_strategy=ShardingStrategy[strategy])
+    x, y = batch(ctx)
+    model(x, y)
+    held = _unsharded_bytes(model)
+    full = _padded_bytes(model)
+    frees = FREES_AFTER_FORWARD[strategy]
+    expected = {name: 0 if frees and name != ROOT else full[name] for name in held}
+    assert held == expected, f"{strategy}: unsharded bytes held after forward {held}, expected {expected}"
+    return held
+
+
+def shard_grad_op_gathers_only_in_forward(ctx: RankContext, steps: int = 2, use_orig_params: bool = True) -> list[int]:
+    """SHARD_GRAD_OP all-gathers every unit in forward and nothing in backward, every step."""
+    model = fsdp1_gpt(ctx, sharding_strategy=ShardingStrategy.SHARD_GRAD_OP, use_orig_params=use_orig_params)
+    n_units = len(units(model))
+    counts = []
+    for step in range(steps):
+        x, y = batch(ctx, step=step)
+        with record_comm() as comm:
+            _, loss = model(x, y)
+            loss.backward()
+        forward, backward = comm.count("all_gather", in_backward=False), comm.count("all_gather", in_backward=True)
+        assert (forward, backward) == (n_units, 0), (
+            f"step {step + 1}: {forward} all-gathers in forward and {backward} in backward; "
+            f"SHARD_GRAD_OP should give {n_units} and 0"
+        )
+        counts.append(forward)
+    return counts
+
+
+def one_all_gather_per_unit_per_forward(ctx: RankContext, steps: int = 2) -> list[list[int]]:
+    """Every forward (the first and the steady state) issues exactly one all-gather per unit, in forward order,
+    each of the unit's padded unsharded size."""
+    model = fsdp1_gpt(ctx)
+    by_name = units(model)
+    observed = []
+    for step in range(steps):
+        x, y = batch(ctx, step=step)
+        with record_comm() as comm:
+            _, loss = model(x, y)
+        loss.backward()
+        # The module order is the forward order of this model: root's forward starts first, then each block.
+        expected = [u.world_size * u._handle.flat_param._local_shard.numel() for u in by_name.values()]
+        sizes = [c.numel for c in comm.select("all_gather")]
+        assert_sequence(sizes, expected, what=f"forward {step + 1}'s all-gather sizes (one per unit)")
+        callers = {c.caller.split(":")[1] for c in comm.select("all_gather")}
+        assert callers == {"FlatParamHandle._all_gather_flat_param"}, f"all-gathers issued from {callers}"
+        observed.append(sizes)
+    return observed
+
+
+def reshard_clears_prefetched(ctx: RankContext) -> list[str]:
+    """``_reshard`` sets ``_prefetched = False`` whether it frees or keeps, on every unit."""
+    model = fsdp1_gpt(ctx)
+    x, y = batch(ctx)
+    _, loss = model(x, y)
+    loss.backward()  # every handle idle and resharded
+    cleared = []
+    for name, unit in units(model).items():
+        handle = unit._handle
+        for free in (False, True):
+            ru._unshard(unit, handle, unit._unshard_stream, unit._pre_unshard_stream)
+            handle._prefetched = True  # what _prefetch_handle leaves behind
+            ru._reshard(unit, handle, free)
+            assert handle._prefetched is False, f"{name}: _reshard(free={free}) left _prefetched={handle._prefetched}"
+            cleared.append(f"{name} free={free}")
+    return cleared
