@@ -100,3 +100,31 @@ def reshard_keeping_prefetched(original: Any, state: Any, handle: Any, free_unsh
     prefetched = handle._prefetched
     original(state, handle, free_unsharded_flat_param)
     handle._prefetched = prefetched
+
+
+def forward_target_by_module_order(original: Any, eod: Any, current_handle: Any) -> Any:
+    """``get_handle_to_forward_prefetch`` that falls back to the next handle in module order when the recorded
+    order has none: a policy that could prefetch in iteration 1."""
+    found = original(eod, current_handle)
+    if found is None and current_handle._handle_index is not None:
+        following = eod.all_handles[current_handle._handle_index + 1 :]
+        return following[0] if following else None
+    return found
+
+
+def next_iter_forgetting_order(original: Any, eod: Any) -> None:
+    """``next_iter`` that also forgets the recorded pre-forward order, so every iteration records afresh."""
+    original(eod)
+    for handle in eod.handles_pre_forward_order:
+        handle._pre_forward_order_index = None
+    eod.handles_pre_forward_order.clear()
+    eod._iter = 0
+
+
+def prefetch_two_ahead(original: Any, eod: Any, current_handle: Any) -> Any:
+    """``get_handle_to_forward_prefetch`` with a limit of 2: the unit after next."""
+    eod._forward_prefetch_limit = 2
+    try:
+        return original(eod, current_handle)
+    finally:
+        eod._forward_prefetch_limit = 1

@@ -25,12 +25,13 @@ def fsdp1_gpt(
     preset_name: str = "tiny",
     seed: int = 0,
     block_kwargs: list[dict[str, Any]] | None = None,
+    model_class: type[GPT] = GPT,
     **fsdp_kwargs: Any,
 ) -> FSDP:
     """Wrap each block, then the model. ``fsdp_kwargs`` go to every unit (``use_orig_params=True`` unless given);
     ``block_kwargs[i]`` overrides them for block i (to build deliberately inconsistent units)."""
     fsdp_kwargs.setdefault("use_orig_params", True)
-    model = GPT(preset(preset_name), seed=seed).to(ctx.device)
+    model = model_class(preset(preset_name), seed=seed).to(ctx.device)
     for i, block in enumerate(model.blocks):
         overrides = block_kwargs[i] if block_kwargs else {}
         model.blocks[i] = FSDP(block, device_id=ctx.device, **{**fsdp_kwargs, **overrides})
