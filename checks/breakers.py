@@ -128,3 +128,32 @@ def prefetch_two_ahead(original: Any, eod: Any, current_handle: Any) -> Any:
         return original(eod, current_handle)
     finally:
         eod._forward_prefetch_limit = 1
+
+
+def root_input_uncast(original: Any, state: Any, module: Any, args: Any, kwargs: Any) -> tuple[Any, Any]:
+    """``_root_cast_forward_input`` that leaves the inputs as they are."""
+    return args, kwargs
+
+
+def align_in_fp32(original: Any, unsharded_dtype: Any) -> int:
+    """``_get_aligned_numel`` that always counts the 16 bytes in fp32 elements."""
+    import torch
+
+    return original(torch.float32)
+
+
+def gather_then_scale(original: Any, handle: Any, padded_unsharded_flat_param: Any) -> Any:
+    """``FlatParamHandle._all_gather_flat_param`` whose low-precision results are off by a factor 1 + 2^-5 (a
+    lossy low-precision path; full-precision all-gathers are left alone)."""
+    import torch
+
+    out = original(handle, padded_unsharded_flat_param)
+    if out.dtype != torch.float32:
+        out.mul_(1 + 2**-5)
+    return out
+
+
+def buffers_all_in_root_dtype(original: Any, state: Any, root_module: Any) -> tuple[Any, Any]:
+    """``_get_buffers_and_dtypes_for_computation`` where the root's buffer_dtype wins over each owner's."""
+    buffers, _ = original(state, root_module)
+    return buffers, [state.mixed_precision.buffer_dtype] * len(buffers)
