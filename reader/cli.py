@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.table import Table
 
 from reader.checkref import CheckFinder
 from reader.drift import DriftKind
 from reader.errors import GuideError
 from reader.guide import Guide
 from reader.lock import LockError
+from reader.render import render_guide
 from reader.report import (
     AnchorRow,
     SessionReport,
@@ -193,7 +195,51 @@ def _run_approve(args: argparse.Namespace, console: Console) -> int:
     return BROKEN if opened.broken else DRIFT if refused else CLEAN
 
 
+# --- list and show ------------------------------------------------------------------------------------------
+
+
+def _configure_list(parser: argparse.ArgumentParser) -> None:
+    _add_common(parser)
+
+
+def _run_list(args: argparse.Namespace, console: Console) -> int:
+    session = _open(args, console)
+    if isinstance(session, int):
+        return session
+    table = Table(title=f"Reading guides · torch {session.workspace.torch_version}", title_justify="left")
+    for column in ("order", "guide", "title", "anchors", "claims"):
+        table.add_column(column, justify="right" if column in ("order", "anchors", "claims") else "left")
+    for guide in sorted(session.guides, key=lambda g: (g.order, g.id)):
+        table.add_row(str(guide.order), guide.id, guide.title, str(len(guide.anchors)), str(len(guide.claims)))
+    console.print(table)
+    return BROKEN if session.broken else CLEAN
+
+
+def _configure_show(parser: argparse.ArgumentParser) -> None:
+    _add_common(parser)
+
+
+def _run_show(args: argparse.Namespace, console: Console) -> int:
+    if not args.guide_ids:
+        console.print("[red]name the guide to show[/] (fsdp-readings list shows them)")
+        return BROKEN
+    session = _open(args, console)
+    if isinstance(session, int):
+        return session
+    for guide in sorted(session.guides, key=lambda g: (g.order, g.id)):
+        for renderable in render_guide(guide, session.workspace):
+            console.print(renderable)
+    return BROKEN if session.broken else CLEAN
+
+
 COMMANDS: list[Command] = [
+    Command("list", "the guides, in reading order", _configure_list, _run_list),
+    Command(
+        "show",
+        "a guide with its torch source quoted live and its notes pinned to the lines",
+        _configure_show,
+        _run_show,
+    ),
     Command(
         "drift",
         "compare the guides' anchors with the approved source (exit 0 clean, 1 drift, 2 broken)",

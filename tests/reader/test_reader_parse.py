@@ -229,7 +229,9 @@ def test_which_markdown_files_are_guides(tmp_path: Path):
 
 
 EXPECT_CLAIM = CLAIM.replace('mode = "forward"', 'mode = "forward"\norder = { expect = "order" }')
-EXPECT_BODY = BODY + """
+EXPECT_BODY = (
+    BODY
+    + """
 The order, as the guide states it:
 
 ```expect order
@@ -238,6 +240,7 @@ root -> blocks.0
 blocks.0 -> blocks.1
 ```
 """
+)
 
 
 def test_expect_block_feeds_a_claim(checks: CheckFinder):
