@@ -11,6 +11,13 @@ from typing import Any
 
 import torch
 
+from checks.protocol import Patch
+
+
+def wrapping(target: str, wrapper: str, **params: Any) -> Patch:
+    """A `Patch` that wraps the torch attribute ``target`` with this module's function ``wrapper``."""
+    return Patch(target, "checks.sabotage:wrapped_by", {"wrapper": f"checks.breakers:{wrapper}", **params})
+
 
 def shard_then_size_eagerly(original: Any, handle: Any, *args: Any, **kwargs: Any) -> Any:
     """``FlatParamHandle.shard`` that also sets ``_padded_unsharded_size`` at construction, as an eager

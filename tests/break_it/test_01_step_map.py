@@ -2,14 +2,11 @@
 
 import pytest
 
+from checks.breakers import wrapping
 from checks.protocol import Patch
 
 RU = "torch.distributed.fsdp._runtime_utils"
 FSDP_FORWARD = "torch.distributed.fsdp.fully_sharded_data_parallel:FullyShardedDataParallel.forward"
-
-
-def wrapped(target: str, wrapper: str, **params: object) -> Patch:
-    return Patch(target, "checks.sabotage:wrapped_by", {"wrapper": f"checks.breakers:{wrapper}", **params})
 
 
 @pytest.mark.breaks("01-step-map", "one-step-timeline")
@@ -22,21 +19,20 @@ def test_no_backward_prefetch_changes_the_timeline(broken) -> None:
 @pytest.mark.breaks("01-step-map", "one-step-timeline")
 def test_freeing_the_root_after_forward_changes_the_timeline(broken) -> None:
     # Free every unit after forward, the root included: the root's backward unshard must all-gather again.
-    run = broken(Patch(f"{RU}:_post_forward_reshard", "checks.sabotage:wrapped_by",
-                       {"wrapper": "checks.breakers:reshard_everything"}))  # fmt: skip
+    run = broken(wrapping(f"{RU}:_post_forward_reshard", "reshard_everything"))
     assert "step timeline differs from the expectation" in run.failure
     assert "forward root reshard, free" in run.failure
 
 
 @pytest.mark.breaks("01-step-map", "same-on-every-rank")
 def test_rank_dependent_resharding_is_caught(broken) -> None:
-    run = broken(wrapped(f"{RU}:_post_forward_reshard", "reshard_twice_on_rank_1"))
+    run = broken(wrapping(f"{RU}:_post_forward_reshard", "reshard_twice_on_rank_1"))
     assert "the FSDP event sequence differs between ranks (rank 0 vs [1])" in run.failure
 
 
 @pytest.mark.breaks("01-step-map", "forward-is-called-not-hooked")
 def test_a_forward_that_registers_hooks_is_caught(broken) -> None:
-    run = broken(wrapped(FSDP_FORWARD, "forward_registering_hooks"))
+    run = broken(wrapping(FSDP_FORWARD, "forward_registering_hooks"))
     assert "forward hook registration ran: ['_register_pre_forward_hook']" in run.failure
 
 
@@ -55,5 +51,5 @@ def test_a_caller_in_the_torch_tree_is_caught(broken, tmp_path) -> None:
 
 @pytest.mark.breaks("01-step-map", "post-backward-hook-per-iteration")
 def test_hook_state_left_behind_is_caught(broken) -> None:
-    run = broken(wrapped(f"{RU}:_finalize_params", "finalize_keeping_hook_state"))
+    run = broken(wrapping(f"{RU}:_finalize_params", "finalize_keeping_hook_state"))
     assert "after backward 1: post-backward hook registered" in run.failure

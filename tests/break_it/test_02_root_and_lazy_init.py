@@ -2,26 +2,24 @@
 
 import pytest
 
+from checks.breakers import wrapping
 from checks.protocol import Patch
 
 RU = "torch.distributed.fsdp._runtime_utils"
-
-
-def share_patched(wrapper: str) -> Patch:
-    return Patch(f"{RU}:_share_state_and_init_handle_attrs", "checks.sabotage:wrapped_by", {"wrapper": wrapper})
+SHARE = f"{RU}:_share_state_and_init_handle_attrs"
 
 
 @pytest.mark.breaks("02-root-and-lazy-init", "only-outermost-is-root")
 def test_undecided_non_roots_make_themselves_root(broken) -> None:
     # Nobody tells the blocks they are not root, so each one's own _lazy_init claims the role.
-    run = broken(share_patched("checks.breakers:share_but_forget_roles"))
+    run = broken(wrapping(SHARE, "share_but_forget_roles"))
     assert "after the first forward _is_root is" in run.failure
     assert "'blocks.0': True" in run.failure
 
 
 @pytest.mark.breaks("02-root-and-lazy-init", "non-roots-share-root-state")
 def test_equal_copies_are_not_sharing(broken) -> None:
-    run = broken(share_patched("checks.breakers:share_copies_not_objects"))
+    run = broken(wrapping(SHARE, "share_copies_not_objects"))
     assert "non-root state that is not the root's own object" in run.failure
     assert "blocks.2._exec_order_data" in run.failure and "blocks.2._free_event_queue" in run.failure
     assert "blocks.2._unshard_stream" not in run.failure  # the streams were still shared: only copies are named
@@ -43,12 +41,7 @@ def test_without_orig_params_in_the_list_the_mismatch_goes_unnoticed(broken) -> 
 
 @pytest.mark.breaks("02-root-and-lazy-init", "padded-size-after-first-forward")
 def test_eager_padded_size_is_caught_before_the_first_forward(broken) -> None:
-    patch = Patch(
-        "torch.distributed.fsdp._flat_param:FlatParamHandle.shard",
-        "checks.sabotage:wrapped_by",
-        {"wrapper": "checks.breakers:shard_then_size_eagerly"},
-    )
-    run = broken(patch)
+    run = broken(wrapping("torch.distributed.fsdp._flat_param:FlatParamHandle.shard", "shard_then_size_eagerly"))
     assert "_padded_unsharded_size exists before the first forward" in run.failure
 
 

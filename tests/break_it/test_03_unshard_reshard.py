@@ -2,6 +2,7 @@
 
 import pytest
 
+from checks.breakers import wrapping
 from checks.protocol import Patch
 
 RU = "torch.distributed.fsdp._runtime_utils"
@@ -10,10 +11,6 @@ NOTHING_RESHARDS = Patch(f"{FP}:RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES", "check
 SHARD_GRAD_OP_RESHARDS = Patch(
     f"{FP}:RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES", "checks.breakers:every_sharded_strategy"
 )
-
-
-def wrapped(target: str, wrapper: str) -> Patch:
-    return Patch(target, "checks.sabotage:wrapped_by", {"wrapper": f"checks.breakers:{wrapper}"})
 
 
 @pytest.mark.breaks("03-unshard-reshard", "full-shard-frees-non-roots")
@@ -25,7 +22,7 @@ def test_full_shard_that_keeps_everything_is_caught(broken) -> None:
 
 @pytest.mark.breaks("03-unshard-reshard", "full-shard-frees-non-roots")
 def test_freeing_the_root_too_is_caught(broken) -> None:
-    run = broken(wrapped(f"{RU}:_post_forward_reshard", "reshard_everything"))
+    run = broken(wrapping(f"{RU}:_post_forward_reshard", "reshard_everything"))
     assert "'root': 0" in run.failure
 
 
@@ -45,11 +42,11 @@ def test_shard_grad_op_that_regathers_in_backward_is_caught(broken) -> None:
 
 @pytest.mark.breaks("03-unshard-reshard", "one-all-gather-per-unit")
 def test_a_second_all_gather_per_unit_is_caught(broken) -> None:
-    run = broken(wrapped(f"{FP}:FlatParamHandle._all_gather_flat_param", "all_gather_twice"))
+    run = broken(wrapping(f"{FP}:FlatParamHandle._all_gather_flat_param", "all_gather_twice"))
     assert "forward 1's all-gather sizes (one per unit) differs from the expectation" in run.failure
 
 
 @pytest.mark.breaks("03-unshard-reshard", "reshard-clears-prefetched")
 def test_reshard_that_keeps_the_flag_is_caught(broken) -> None:
-    run = broken(wrapped(f"{RU}:_reshard", "reshard_keeping_prefetched"))
+    run = broken(wrapping(f"{RU}:_reshard", "reshard_keeping_prefetched"))
     assert "root: _reshard(free=False) left _prefetched=True" in run.failure

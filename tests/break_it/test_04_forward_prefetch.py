@@ -2,19 +2,16 @@
 
 import pytest
 
+from checks.breakers import wrapping
 from checks.protocol import Patch
 
 RU = "torch.distributed.fsdp._runtime_utils"
 EOD = "torch.distributed.fsdp._exec_order_utils:_ExecOrderData"
 
 
-def wrapped(target: str, wrapper: str) -> Patch:
-    return Patch(target, "checks.sabotage:wrapped_by", {"wrapper": f"checks.breakers:{wrapper}"})
-
-
 @pytest.mark.breaks("04-forward-prefetch", "no-prefetch-in-iteration-1")
 def test_a_policy_that_prefetches_in_iteration_1_is_caught(broken) -> None:
-    run = broken(wrapped(f"{EOD}.get_handle_to_forward_prefetch", "forward_target_by_module_order"))
+    run = broken(wrapping(f"{EOD}.get_handle_to_forward_prefetch", "forward_target_by_module_order"))
     assert "iteration 1 prefetched in forward: ['root -> blocks.0'" in run.failure
 
 
@@ -26,7 +23,7 @@ def test_forward_prefetch_that_never_starts_is_caught(broken) -> None:
 
 @pytest.mark.breaks("04-forward-prefetch", "follows-iteration-1-order")
 def test_prefetching_two_ahead_is_caught(broken) -> None:
-    run = broken(wrapped(f"{EOD}.get_handle_to_forward_prefetch", "prefetch_two_ahead"))
+    run = broken(wrapping(f"{EOD}.get_handle_to_forward_prefetch", "prefetch_two_ahead"))
     assert "iteration 2 prefetched ['root -> blocks.1'" in run.failure
 
 
@@ -38,5 +35,5 @@ def test_a_guide_that_states_another_order_fails(broken) -> None:
 
 @pytest.mark.breaks("04-forward-prefetch", "stale-order-after-change")
 def test_an_order_recorded_every_iteration_is_caught(broken) -> None:
-    run = broken(wrapped(f"{EOD}.next_iter", "next_iter_forgetting_order"))
+    run = broken(wrapping(f"{EOD}.next_iter", "next_iter_forgetting_order"))
     assert "iteration 2 prefetched []; the iteration-1 order predicts ['root -> blocks.0']" in run.failure

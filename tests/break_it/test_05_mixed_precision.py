@@ -2,6 +2,7 @@
 
 import pytest
 
+from checks.breakers import wrapping
 from checks.protocol import Patch
 
 RU = "torch.distributed.fsdp._runtime_utils"
@@ -10,19 +11,15 @@ NO_PARAM_MIXED_PRECISION = Patch(f"{FP}:FlatParamHandle._uses_param_mixed_precis
                                  {"value": False})  # fmt: skip
 
 
-def wrapped(target: str, wrapper: str) -> Patch:
-    return Patch(target, "checks.sabotage:wrapped_by", {"wrapper": f"checks.breakers:{wrapper}"})
-
-
 @pytest.mark.breaks("05-mixed-precision", "inputs-in-bf16")
 def test_an_uncast_root_input_is_caught(broken) -> None:
-    run = broken(wrapped(f"{RU}:_root_cast_forward_input", "root_input_uncast"))
+    run = broken(wrapping(f"{RU}:_root_cast_forward_input", "root_input_uncast"))
     assert "unit root received torch.float32, expected torch.bfloat16" in run.failure
 
 
 @pytest.mark.breaks("05-mixed-precision", "bf16-aligns-flat-params")
 def test_alignment_counted_in_fp32_is_caught(broken) -> None:
-    run = broken(wrapped(f"{FP}:_get_aligned_numel", "align_in_fp32"))
+    run = broken(wrapping(f"{FP}:_get_aligned_numel", "align_in_fp32"))
     assert "bf16 all-gather sizes differs from the expectation" in run.failure
 
 
@@ -43,7 +40,7 @@ def test_gradients_left_in_bf16_are_caught(broken) -> None:
 
 @pytest.mark.breaks("05-mixed-precision", "bf16-logits-within-one-epsilon")
 def test_a_lossy_all_gather_exceeds_the_tolerance(broken) -> None:
-    run = broken(wrapped(f"{FP}:FlatParamHandle._all_gather_flat_param", "gather_then_scale"))
+    run = broken(wrapping(f"{FP}:FlatParamHandle._all_gather_flat_param", "gather_then_scale"))
     assert "bf16 epsilons of the largest logit" in run.failure and "the guide allows (0, 1.0]" in run.failure
 
 
@@ -61,5 +58,5 @@ def test_buffers_left_uncast_are_caught(broken) -> None:
 
 @pytest.mark.breaks("05-mixed-precision", "buffers-cast-at-lazy-init")
 def test_root_dtype_winning_is_caught(broken) -> None:
-    run = broken(wrapped(f"{RU}:_get_buffers_and_dtypes_for_computation", "buffers_all_in_root_dtype"))
+    run = broken(wrapping(f"{RU}:_get_buffers_and_dtypes_for_computation", "buffers_all_in_root_dtype"))
     assert "'1.scale': 'torch.bfloat16'" in run.failure
