@@ -83,7 +83,8 @@ class RankPool:
         self.checks_run = 0
         self._ranks: list[_Rank] = []
         self._task_ids = itertools.count()
-        self._workdir = Path(tempfile.mkdtemp(prefix="fsdp-readings-pool-"))
+        _sweep_orphaned_workdirs()
+        self._workdir = Path(tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-"))
 
     # -- life cycle ---------------------------------------------------------------------------------------------
     def start(self) -> RankPool:
@@ -274,6 +275,28 @@ class RankPool:
             time.sleep(0.05)
         time.sleep(0.1)  # let a dump in progress finish
         return {r.rank: _read_from(r.faults, before[r.rank]) for r in ranks}
+
+
+_WORKDIR_PREFIX = "fsdp-readings-pool-"
+
+
+def _sweep_orphaned_workdirs() -> None:
+    """Remove the store and log directories of pools whose owning process died without closing them (a SIGKILLed
+    pytest: its ranks died with it, by PR_SET_PDEATHSIG, but nothing removed their files)."""
+    for path in Path(tempfile.gettempdir()).glob(f"{_WORKDIR_PREFIX}*-*"):
+        owner = path.name.removeprefix(_WORKDIR_PREFIX).split("-", 1)[0]
+        if owner.isdigit() and not _alive(int(owner)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _worker_env() -> dict[str, str]:

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
 import torch
 
 from checks.manager import PoolManager
+from checks.pool import RankPool
 from checks.protocol import CheckRequest, Patch
 
 
@@ -219,5 +222,10 @@ def test_ranks_die_with_their_parent(tmp_path) -> None:
         while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
             time.sleep(0.1)
         _assert_gone(pids)
+        # Its files outlive it, until the next pool anywhere on the machine sweeps them.
+        leftovers = list(Path(tempfile.gettempdir()).glob(f"fsdp-readings-pool-{parent.pid}-*"))
+        assert leftovers, "expected the killed parent's pool directory to be left behind"
+        RankPool(2, "gloo").close()  # creating a pool sweeps directories of dead owners
+        assert not [p for p in leftovers if p.exists()], f"orphaned pool directories not swept: {leftovers}"
     finally:
         parent.kill()
