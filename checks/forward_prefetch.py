@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from itertools import pairwise
 
-import torch
 from torch import nn
 
 from checks.context import RankContext
@@ -14,22 +14,22 @@ from checks.timeline import unit
 from mini_gpt import GPT
 
 
+class OrderedBlocks(nn.ModuleList):
+    """Blocks iterated in ``order`` when it is set; their module names stay ``blocks.0``, ``blocks.1``, ..."""
+
+    order: list[int] | None = None
+
+    def __iter__(self) -> Iterator[nn.Module]:
+        return iter([self[i] for i in self.order]) if self.order is not None else super().__iter__()
+
+
 class ReorderableGPT(GPT):
-    """mini_gpt whose blocks run in ``block_order`` (a list of indices) instead of 0, 1, 2: a model whose forward
-    order can change between iterations, which the guide's static-graph assumption does not expect."""
+    """mini_gpt whose forward runs its blocks in ``blocks.order``: a model whose forward order can change
+    between iterations, which the static-graph assumption of forward prefetch does not expect."""
 
-    block_order: list[int] | None = None
-
-    def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        order = self.block_order if self.block_order is not None else range(len(self.blocks))
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(torch.arange(idx.size(1), device=idx.device)))
-        for i in order:
-            x = self.blocks[i](x)
-        logits = self.lm_head(self.ln_f(x))
-        loss = None if targets is None else nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
-        return logits, loss
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.blocks = OrderedBlocks(self.blocks)
 
 
 def forward_prefetches(events: EventLog, iteration: int) -> list[str]:
@@ -91,10 +91,9 @@ def follows_iteration_1_order(ctx: RankContext, stated: list[str]) -> list[str]:
     states it), before the issuing unit's own compute; prefetched units are then not unsharded again."""
     model = fsdp1_gpt(ctx, forward_prefetch=True)
     marks = _compute_marks(model)
-    x, y = batch(ctx)
     with record_events(model) as events:
         for step in range(3):
-            _, loss = model(*batch(ctx, step=step)) if step else model(x, y)
+            _, loss = model(*batch(ctx, step=step))
             loss.backward()
     recorded = compute_order(marks, 1)
     expected = [f"{a} -> {b}" for a, b in pairwise(recorded)]
@@ -123,7 +122,7 @@ def stale_order_after_change(ctx: RankContext) -> dict[str, list[str]]:
     x, y = batch(ctx)
     with record_events(model) as events:
         for order in ([0, 1, 2], [2, 1, 0]):
-            inner.block_order = order
+            inner.blocks.order = order
             _, loss = model(x, y)
             loss.backward()
     recorded, used = compute_order(marks, 1), compute_order(marks, 2)
