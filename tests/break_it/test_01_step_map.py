@@ -53,3 +53,9 @@ def test_a_caller_in_the_torch_tree_is_caught(broken, tmp_path) -> None:
 def test_hook_state_left_behind_is_caught(broken) -> None:
     run = broken(wrapping(f"{RU}:_finalize_params", "finalize_keeping_hook_state"))
     assert "after backward 1: post-backward hook registered" in run.failure
+
+
+@pytest.mark.breaks("01-step-map", "same-on-every-rank-at-4")
+def test_rank_dependent_resharding_is_caught_on_4_ranks(broken) -> None:
+    run = broken(wrapping(f"{RU}:_post_forward_reshard", "reshard_twice_on_rank_1"))
+    assert "the FSDP event sequence differs between ranks (rank 0 vs [1])" in run.failure

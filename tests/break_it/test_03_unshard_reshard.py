@@ -50,3 +50,9 @@ def test_a_second_all_gather_per_unit_is_caught(broken) -> None:
 def test_reshard_that_keeps_the_flag_is_caught(broken) -> None:
     run = broken(wrapping(f"{RU}:_reshard", "reshard_keeping_prefetched"))
     assert "root: _reshard(free=False) left _prefetched=True" in run.failure
+
+
+@pytest.mark.breaks("03-unshard-reshard", "one-all-gather-per-unit-at-4")
+def test_a_second_all_gather_per_unit_is_caught_on_4_ranks(broken) -> None:
+    run = broken(wrapping(f"{FP}:FlatParamHandle._all_gather_flat_param", "all_gather_twice"))
+    assert "forward 1's all-gather sizes (one per unit) differs from the expectation" in run.failure

@@ -60,3 +60,9 @@ def test_buffers_left_uncast_are_caught(broken) -> None:
 def test_root_dtype_winning_is_caught(broken) -> None:
     run = broken(wrapping(f"{RU}:_get_buffers_and_dtypes_for_computation", "buffers_all_in_root_dtype"))
     assert "'1.scale': 'torch.bfloat16'" in run.failure
+
+
+@pytest.mark.breaks("05-mixed-precision", "bf16-aligns-flat-params-at-4")
+def test_alignment_counted_in_fp32_is_caught_on_4_ranks(broken) -> None:
+    run = broken(wrapping(f"{FP}:_get_aligned_numel", "align_in_fp32"))
+    assert "bf16 all-gather sizes differs from the expectation" in run.failure
