@@ -94,6 +94,8 @@ def test_failure_on_every_rank_keeps_the_pool(shared: PoolManager) -> None:
     outcome = shared.run(CheckRequest("checks.selftest:returns_unpicklable"))
     assert not outcome.ok
     assert all("cannot be sent back from the rank" in r.error for r in outcome.results)
+    assert "── ranks 0, 1: TypeError: checks.selftest:returns_unpicklable returned a function" in outcome.failure
+    assert outcome.failure.count("── ") == 1  # the same error on every rank is reported once
     assert [v["pid"] for v in run(shared, "identify").values()] == pids  # same SPMD failure: group intact
 
 
