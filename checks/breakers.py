@@ -164,3 +164,15 @@ def buffers_all_in_root_dtype(original: Any, state: Any, root_module: Any) -> tu
     """``_get_buffers_and_dtypes_for_computation`` where the root's buffer_dtype wins over each owner's."""
     buffers, _ = original(state, root_module)
     return buffers, [state.mixed_precision.buffer_dtype] * len(buffers)
+
+
+def dequeue_at_one(original: Any, queue: Any) -> Any:
+    """``_FreeEventQueue.dequeue_if_needed`` with a threshold of one pending free instead of two."""
+    return queue._dequeue() if queue._queue else None
+
+
+def unshard_consulting_the_queue(original: Any, state: Any, handle: Any, *args: Any) -> None:
+    """``_unshard`` that asks the free-event queue even when limit_all_gathers is off."""
+    if handle and not state.limit_all_gathers:
+        state._free_event_queue.dequeue_if_needed()
+    original(state, handle, *args)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.distributed.fsdp import ShardingStrategy
 from torch.distributed.fsdp import _runtime_utils as ru
+from torch.distributed.fsdp._limiter_utils import _FreeEventQueue
 
 from checks.context import RankContext
 from checks.gpt_fsdp import ROOT, batch, fsdp1_gpt, units
-from checks.probes import assert_sequence, record_comm
+from checks.probes import assert_sequence, record_comm, record_events
 
 FREES_AFTER_FORWARD = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}  # the guide's table, by strategy
 
@@ -100,3 +103,59 @@ def reshard_clears_prefetched(ctx: RankContext) -> list[str]:
             assert handle._prefetched is False, f"{name}: _reshard(free={free}) left _prefetched={handle._prefetched}"
             cleared.append(f"{name} free={free}")
     return cleared
+
+
+class _CountingQueue(_FreeEventQueue):
+    """FSDP's free-event queue, unchanged, that also writes down what each call saw."""
+
+    def __init__(self, pending: Any) -> None:
+        super().__init__()
+        self._queue = pending
+        self.calls: list[str] = []
+
+    def enqueue(self, free_event: Any) -> None:
+        super().enqueue(free_event)
+        self.calls.append(f"queue {len(self._queue)}")
+
+    def dequeue_if_needed(self) -> Any:
+        before = len(self._queue)
+        event = super().dequeue_if_needed()
+        self.calls.append(f"unshard {before} {'wait' if event is not None else 'go'}")
+        return event
+
+
+def rate_limiter_model(events: list[str], pending: int, limit: int) -> list[str]:
+    """The guide's rule: a freeing reshard queues one event; an unshard (for itself or as a prefetch) that finds
+    ``limit`` or more queued waits for the oldest."""
+    out = []
+    for kind in events:
+        if kind in ("unshard", "prefetch"):
+            waits = pending >= limit
+            out.append(f"unshard {pending} {'wait' if waits else 'go'}")
+            pending -= waits
+        elif kind == "free":
+            pending += 1
+            out.append(f"queue {pending}")
+    return out
+
+
+def rate_limiter_waits_as_the_rule_says(ctx: RankContext, limit_all_gathers: bool = True) -> list[str]:
+    """Over a steady-state step, the free-event queue's enqueues and waits are exactly what the rule predicts from
+    the step's own order of unshards and frees; without limit_all_gathers nothing is queued and nothing waits."""
+    model = fsdp1_gpt(ctx, limit_all_gathers=limit_all_gathers)
+    x, y = batch(ctx)
+    model(x, y)[1].backward()  # lazy init; the queue exists and holds what iteration 1 left
+    queue = _CountingQueue(units(model)[ROOT]._free_event_queue._queue)
+    for unit in units(model).values():
+        unit._free_event_queue = queue  # one queue for the tree, as lazy init shares it
+    pending = len(queue._queue)
+    with record_events(model) as events:
+        model(*batch(ctx, step=1))[1].backward()
+    kinds = [e.kind for e in events if e.kind in ("unshard", "prefetch", "free")]
+    limit = queue._max_num_inflight_all_gathers
+    # Without limit_all_gathers the queue is not consulted at all.
+    expected = rate_limiter_model(kinds, pending, limit) if limit_all_gathers else []
+    assert_sequence(queue.calls, expected, what=f"free-event queue (limit_all_gathers={limit_all_gathers})")
+    if limit_all_gathers:
+        assert any(c.endswith("wait") for c in expected), "the step never reached the limit: nothing was tested"
+    return queue.calls

@@ -56,3 +56,15 @@ def test_reshard_that_keeps_the_flag_is_caught(broken) -> None:
 def test_a_second_all_gather_per_unit_is_caught_on_4_ranks(broken) -> None:
     run = broken(wrapping(f"{FP}:FlatParamHandle._all_gather_flat_param", "all_gather_twice"))
     assert "forward 1's all-gather sizes (one per unit) differs from the expectation" in run.failure
+
+
+@pytest.mark.breaks("03-unshard-reshard", "rate-limiter-rule")
+def test_a_limiter_that_waits_at_one_is_caught(broken) -> None:
+    run = broken(wrapping("torch.distributed.fsdp._limiter_utils:_FreeEventQueue.dequeue_if_needed", "dequeue_at_one"))
+    assert "free-event queue (limit_all_gathers=True) differs from the expectation" in run.failure
+
+
+@pytest.mark.breaks("03-unshard-reshard", "no-rate-limiter-without-limit-all-gathers")
+def test_a_queue_consulted_without_the_limit_is_caught(broken) -> None:
+    run = broken(wrapping(f"{RU}:_unshard", "unshard_consulting_the_queue"))
+    assert "free-event queue (limit_all_gathers=False) differs from the expectation" in run.failure
