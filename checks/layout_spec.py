@@ -31,6 +31,16 @@ def padded_numel(numels: Sequence[int], element_bytes: int, world_size: int, ali
     return total + -total % world_size
 
 
+def gpt_padded_sizes(world_size: int, element_bytes: int, preset_name: str = "tiny") -> dict[str, int]:
+    """Padded unsharded flat-parameter sizes of mini_gpt wrapped as root + one unit per block, in unit order
+    (root, blocks.0, ...): the all-gather sizes of one forward."""
+    from mini_gpt import GPT, preset
+
+    config = preset(preset_name)
+    numels = gpt_unit_numels(GPT(config), config.n_layer)
+    return {name: padded_numel(n, element_bytes, world_size) for name, n in numels.items()}
+
+
 def gpt_unit_numels(model: nn.Module, blocks: int) -> dict[str, list[int]]:
     """Parameter sizes per unit of mini_gpt wrapped as root + one unit per block, in registration order (the
     order FSDP flattens them); a tied weight counts once, in its first owner."""

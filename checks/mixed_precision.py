@@ -9,9 +9,8 @@ from torch.distributed.fsdp import MixedPrecision
 
 from checks.context import RankContext
 from checks.gpt_fsdp import batch, fsdp1_gpt, unit_name, units
-from checks.layout_spec import gpt_unit_numels, padded_numel
+from checks.layout_spec import gpt_padded_sizes
 from checks.probes import assert_sequence, record_comm
-from mini_gpt import GPT, preset
 
 BF16 = MixedPrecision(param_dtype=torch.bfloat16)
 BF16_EPS = 2.0**-7  # spacing of bfloat16 numbers in [1, 2): 8 significant bits
@@ -57,12 +56,6 @@ def inputs_reach_units_in_bf16(ctx: RankContext) -> dict[str, dict[str, str]]:
     return {"linear stack": seen_stack, "mini_gpt": seen_gpt}
 
 
-def _spec_sizes(ctx: RankContext, element_bytes: int) -> list[int]:
-    """All-gather sizes in forward order (root, blocks.0, ...) from the layout model, not from FSDP."""
-    numels = gpt_unit_numels(GPT(preset("tiny")), preset("tiny").n_layer)
-    return [padded_numel(n, element_bytes, ctx.world_size) for n in numels.values()]
-
-
 def bf16_changes_flat_layout(ctx: RankContext, stated: dict[str, int]) -> dict[str, list[int]]:
     """With use_orig_params, alignment is 16 bytes of the compute dtype: bf16 aligns parameters to 8 elements
     instead of fp32's 4, so the flat parameters (and every all-gather) get longer."""
@@ -73,7 +66,11 @@ def bf16_changes_flat_layout(ctx: RankContext, stated: dict[str, int]) -> dict[s
         with record_comm() as comm:
             model(x)
         sizes[label] = [c.numel for c in comm.select("all_gather")]
-        assert_sequence(sizes[label], _spec_sizes(ctx, element_bytes), what=f"{label} all-gather sizes")
+        assert_sequence(
+            sizes[label],
+            list(gpt_padded_sizes(ctx.world_size, element_bytes).values()),
+            what=f"{label} all-gather sizes",
+        )
     got = {"root fp32": sizes["fp32"][0], "block fp32": sizes["fp32"][1],
            "root bf16": sizes["bf16"][0], "block bf16": sizes["bf16"][1]}  # fmt: skip
     assert got == stated, f"the guide states {stated}; this torch gives {got}"
@@ -90,7 +87,7 @@ def collectives_move_bf16(ctx: RankContext) -> dict[str, int]:
     kinds = ("all_gather", "reduce_scatter")
     wrong = [c.describe() for c in comm if c.op in kinds and c.dtype != "torch.bfloat16"]
     assert not wrong, "collectives not in bf16:\n" + "\n".join(wrong)
-    spec = _spec_sizes(ctx, element_bytes=2)
+    spec = list(gpt_padded_sizes(ctx.world_size, element_bytes=2).values())
     sizes = set(spec)
     for record in comm.select("all_gather") + comm.select("reduce_scatter"):
         assert record.numel in sizes, f"{record.describe()}: not a bf16-aligned flat parameter size {sorted(sizes)}"

@@ -11,6 +11,7 @@ from torch.distributed.fsdp._limiter_utils import _FreeEventQueue
 
 from checks.context import RankContext
 from checks.gpt_fsdp import ROOT, batch, fsdp1_gpt, units
+from checks.layout_spec import gpt_padded_sizes
 from checks.probes import assert_sequence, record_comm, record_events
 
 FREES_AFTER_FORWARD = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}  # the guide's table, by strategy
@@ -24,15 +25,6 @@ def _unsharded_bytes(model: torch.nn.Module) -> dict[str, int]:
     }
 
 
-def _padded_bytes(model: torch.nn.Module) -> dict[str, int]:
-    """What an allocated unsharded buffer holds: N shards of the local shard's size and dtype."""
-    out = {}
-    for name, unit in units(model).items():
-        shard = unit._handle.flat_param._local_shard
-        out[name] = unit.world_size * shard.numel() * shard.element_size()
-    return out
-
-
 def after_forward_storage(ctx: RankContext, strategy: str) -> dict[str, int]:
     """After a forward, a non-root unit's unsharded storage is freed iff the strategy reshards after forward;
     the root keeps its storage under every strategy."""
@@ -40,7 +32,7 @@ def after_forward_storage(ctx: RankContext, strategy: str) -> dict[str, int]:
     x, y = batch(ctx)
     model(x, y)
     held = _unsharded_bytes(model)
-    full = _padded_bytes(model)
+    full = {name: 4 * numel for name, numel in gpt_padded_sizes(ctx.world_size, element_bytes=4).items()}
     frees = FREES_AFTER_FORWARD[strategy]
     expected = {name: 0 if frees and name != ROOT else full[name] for name in held}
     assert held == expected, f"{strategy}: unsharded bytes held after forward {held}, expected {expected}"
@@ -70,15 +62,15 @@ def one_all_gather_per_unit_per_forward(ctx: RankContext, steps: int = 2) -> lis
     """Every forward (the first and the steady state) issues exactly one all-gather per unit, in forward order,
     each of the unit's padded unsharded size."""
     model = fsdp1_gpt(ctx)
-    by_name = units(model)
     observed = []
     for step in range(steps):
         x, y = batch(ctx, step=step)
         with record_comm() as comm:
             _, loss = model(x, y)
         loss.backward()
-        # The module order is the forward order of this model: root's forward starts first, then each block.
-        expected = [u.world_size * u._handle.flat_param._local_shard.numel() for u in by_name.values()]
+        # Forward order is unit order here (root's forward starts first, then each block); sizes from the
+        # layout model, not from FSDP's state.
+        expected = list(gpt_padded_sizes(ctx.world_size, element_bytes=4).values())
         sizes = [c.numel for c in comm.select("all_gather")]
         assert_sequence(sizes, expected, what=f"forward {step + 1}'s all-gather sizes (one per unit)")
         callers = {c.caller.split(":")[1] for c in comm.select("all_gather")}
