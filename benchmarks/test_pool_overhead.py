@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from checks.manager import PoolManager
-from checks.protocol import CheckRequest
+from checks.ranks.manager import PoolManager
+from checks.ranks.protocol import CheckRequest
 
-TRIVIAL = CheckRequest("checks.selftest:trivial", world_size=2)
+TRIVIAL = CheckRequest("checks.ranks.selftest:trivial", world_size=2)
 
 
 @pytest.fixture(scope="module")

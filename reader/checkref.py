@@ -1,7 +1,7 @@
-"""Does ``checks.prefetch:backward_pre_order`` exist? Answered without importing anything.
+"""Does ``checks.guides.g04_forward_prefetch:no_prefetch_in_iteration_1`` exist? Answered without importing anything.
 
-Check modules import torch and build process groups, so collection must not import them (that would cost
-seconds per guide and could fail for reasons unrelated to the guide). The top-level package is found with
+Check modules import torch and build process groups, so collection must not import them (that would make
+collection slow and could fail for reasons unrelated to the guide). The top-level package is found with
 ``importlib.util.find_spec`` (which executes nothing for a top-level name and honours editable installs), the
 submodule path is walked on disk, and the module's source is indexed with the same libcst index anchors use.
 """

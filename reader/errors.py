@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable, Set
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,3 +38,31 @@ class GuideError(Exception):
         count = len(self.problems)
         head = f"{count} problem{'s' if count != 1 else ''} in {display_path or self.problems[0].path}"
         return "\n".join([head, *(p.render(display_path) for p in self.problems)])
+
+
+class Problems:
+    """The problems found in one file so far: parsing goes on after the first, so the author sees them all."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.found: list[Problem] = []
+
+    def add(self, line: int, message: str, fix: str) -> None:
+        self.found.append(Problem(self.path, line, message, fix))
+
+    def __bool__(self) -> bool:
+        return bool(self.found)
+
+
+def did_you_mean(name: str, names: Iterable[str]) -> str | None:
+    """``did you mean `x`?`` for the closest of ``names``, or None when none is close."""
+    close = difflib.get_close_matches(name, sorted(names), n=1)
+    return f"did you mean `{close[0]}`?" if close else None
+
+
+def anchor_fix(name: str, names: Set[str]) -> str:
+    """The fix for a reference to ``name``, which is not one of the guide's anchor ``names``."""
+    close = did_you_mean(name, names)
+    if close:
+        return close
+    return f"use one of this guide's anchors: {', '.join(sorted(names))}" if names else "declare it under [[anchors]]"

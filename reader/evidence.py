@@ -1,15 +1,21 @@
 """Runtime evidence: which torch code a claim's ranks must trace, and whether any of it ran.
 
 A claim passes only if its check passed *and* at least one of the code objects the guide reads executed on
-some rank. Otherwise the check proved something, but not about the code the guide quotes.
+some rank. Otherwise the check proved something, but not about the code the guide quotes. `traced_request`
+is the one place a claim becomes the `CheckRequest` its ranks run (claim items and break-it tests both use it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from reader.anchors import Resolution
+from checks.ranks.protocol import CheckRequest, Patch
+from reader.anchors import AnchorError, Resolution
 from reader.guide import ClaimSpec, Guide
+
+if TYPE_CHECKING:
+    from reader.workspace import Workspace
 
 NEVER_RAN = "this check never ran the code its guide reads"
 
@@ -68,3 +74,24 @@ def missing_evidence(
         f"{NEVER_RAN}.\nNone of these executed on any rank:\n{listed}\nExecuted: {ran}.\n"
         "Make the check exercise that code, or name the anchors it does exercise in the claim's `evidence`."
     )
+
+
+class UnresolvedAnchors(RuntimeError):
+    """The guide's anchors do not all resolve in this torch, so there is nothing to trace a claim against."""
+
+    def __init__(self, guide: Guide, failed: dict[str, AnchorError]) -> None:
+        super().__init__(f"{guide.id}: anchors {sorted(failed)} do not resolve in this torch")
+        self.failed = failed
+
+
+def traced_request(
+    workspace: Workspace, guide: Guide, claim: ClaimSpec, *, patches: tuple[Patch, ...] = (), **overrides: Any
+) -> tuple[CheckRequest, dict[str, Resolution]]:
+    """The request that runs ``claim`` with the guide's traceable anchors as its trace symbols, and the anchors'
+    resolutions (to judge the evidence afterwards). Raises `UnresolvedAnchors` when an anchor does not
+    resolve."""
+    resolutions, failed = workspace.resolutions(guide)
+    if failed:
+        raise UnresolvedAnchors(guide, failed)
+    trace = trace_symbols(guide, resolutions)
+    return guide.request_for(claim, trace=trace, patches=patches, **overrides), resolutions

@@ -1,7 +1,9 @@
 """The guide model: front matter (anchors, claims) and the body split into regions.
 
-Shaped like sybil: a document is a sequence of regions, each produced by a small parser (``reader.parse``).
-Everything carries the 1-based line of the ``.md`` file it came from, so errors and failures point there.
+Shaped like sybil: a document is a sequence of regions, each produced by the parser registered for its fence
+kind (``reader.body``), with `Prose` between them. A region is any object with ``start``/``end`` lines (see
+`Region`), so a new fence kind brings its own dataclass without touching this module. Everything carries the
+1-based line of the ``.md`` file it came from, so errors and failures point there.
 """
 
 from __future__ import annotations
@@ -9,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
+
+from checks.ranks.protocol import CheckRequest, Patch
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,7 @@ class ClaimSpec:
 
     id: str
     statement: str
-    check: str  # "checks.prefetch:backward_pre_order"
+    check: str  # "checks.guides.g04_forward_prefetch:no_prefetch_in_iteration_1"
     kwargs: Mapping[str, Any]
     world_size: int
     markers: tuple[str, ...]
@@ -55,6 +59,20 @@ class Note:
     pattern: str
     text: str
     line: int
+
+
+@runtime_checkable
+class Region(Protocol):
+    """A span of a guide's body, 1-based and inclusive: what a body parser yields (usually a frozen dataclass)."""
+
+    @property
+    def start(self) -> int: ...
+
+    @property
+    def end(self) -> int: ...
+
+
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -87,8 +105,6 @@ class ExpectBlock:
     end: int
 
 
-Region = Prose | SourceBlock | ExpectBlock
-
 BLOCK_REFERENCE = "expect"  # a kwarg written { expect = "<block name>" } receives that block's items
 
 
@@ -110,6 +126,7 @@ class Guide:
     claims: tuple[ClaimSpec, ...]
     regions: tuple[Region, ...] = field(default=())
     id_line: int = 1
+    text: str = field(default="", repr=False, compare=False)  # the file as parsed, for `raw`
 
     def anchor(self, name: str) -> AnchorSpec:
         for anchor in self.anchors:
@@ -117,11 +134,19 @@ class Guide:
                 return anchor
         raise KeyError(name)
 
+    def regions_of(self, kind: type[R]) -> list[R]:
+        """The regions of one type, in document order (``guide.regions_of(SourceBlock)``)."""
+        return [r for r in self.regions if isinstance(r, kind)]
+
+    def raw(self, region: Region) -> str:
+        """The region's lines as written in the file: how a renderer shows a region type it does not know."""
+        return "\n".join(self.text.split("\n")[region.start - 1 : region.end])
+
     def source_blocks(self, anchor_name: str | None = None) -> list[SourceBlock]:
-        return [r for r in self.regions if isinstance(r, SourceBlock) and anchor_name in (None, r.anchor)]
+        return [r for r in self.regions_of(SourceBlock) if anchor_name in (None, r.anchor)]
 
     def expect_blocks(self) -> dict[str, ExpectBlock]:
-        return {r.name: r for r in self.regions if isinstance(r, ExpectBlock)}
+        return {r.name: r for r in self.regions_of(ExpectBlock)}
 
     def claim_kwargs(self, claim: ClaimSpec) -> dict[str, Any]:
         """The claim's kwargs with every ``{ expect = "<name>" }`` replaced by that block's items (a list)."""
@@ -131,6 +156,26 @@ class Guide:
             name = block_reference(value)
             resolved[key] = list(blocks[name].items) if name is not None else value
         return resolved
+
+    def claim(self, claim_id: str) -> ClaimSpec:
+        for claim in self.claims:
+            if claim.id == claim_id:
+                return claim
+        raise KeyError(f"{self.id} has no claim {claim_id!r}; it has {sorted(c.id for c in self.claims)}")
+
+    def request_for(
+        self, claim: ClaimSpec, *, trace: tuple[str, ...] = (), patches: tuple[Patch, ...] = (), **overrides: Any
+    ) -> CheckRequest:
+        """The request that runs ``claim``'s check: its kwargs with expect blocks resolved (``overrides`` win),
+        its world size and timeout, the torch symbols to trace for runtime evidence, and any break-it patches."""
+        return CheckRequest(
+            target=claim.check,
+            kwargs={**self.claim_kwargs(claim), **overrides},
+            world_size=claim.world_size,
+            trace=trace,
+            patches=patches,
+            timeout=claim.timeout,
+        )
 
     def applies_to(self, torch_version: str | None) -> bool:
         """Whether the guide's ``torch`` specifier admits this version (pre-releases and nightlies

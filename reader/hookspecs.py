@@ -15,9 +15,8 @@ def pytest_reader_check_runner(config: pytest.Config) -> CheckRunner | None:
     """Return the object claim items send their checks to (called once per session).
 
     The default (``reader.runner.PoolRunner``) sends them to the rank pool of ``checks``. A conftest can
-    return any object with ``run(request: reader.runner.ClaimRequest)`` returning something with ``ok``,
-    ``failure``,
-    ``executed`` and ``skipped``, e.g. a fake in the reader's own tests::
+    return any object with ``run(request: CheckRequest) -> CheckRun`` (both from ``checks.ranks.protocol``),
+    e.g. a fake in the reader's own tests::
 
         def pytest_reader_check_runner(config):
             return FakeRunner()

@@ -6,12 +6,12 @@ line spans. Spans include decorators and the comment block directly above a defi
 with the code), and stop at the last non-blank line.
 
 Why libcst and not ``ast``: libcst keeps comments attached to the statements they describe, so a span can
-include them exactly. Its position metadata is slow (about 1 s for ``_flat_param.py``), so spans are computed
-from code-generation line counts instead, which is several times faster and still exact.
+include them exactly. Its position metadata is slow on a file the size of ``_flat_param.py``, so spans are
+computed from code-generation line counts instead, which is faster and still exact.
 
 Parsing is the expensive step, so indexes are cached by SHA-256 of the file's bytes: in memory for this
 process and as JSON on disk (``$FSDP_READINGS_CACHE`` or the user cache dir) so the next process reads an
-unchanged file's index in well under a millisecond. The same torch file inside a wheel and in site-packages
+unchanged file's index instead of parsing it again. The same torch file inside a wheel and in site-packages
 hits the same entry.
 """
 

@@ -1,6 +1,7 @@
 """A guide as a reader meets it in the terminal: prose as Markdown, each ``source`` block replaced by the live
 torch code it names (syntax-highlighted, with torch's own line numbers) and its notes pinned to their lines,
-each ``expect`` block shown as the data its claims check.
+each ``expect`` block shown as the data its claims check, and any other region (a fence kind registered
+outside the reader's core) as its Markdown source, verbatim.
 
 Small renderables composed by `render_guide`; nothing here prints.
 """
@@ -33,6 +34,8 @@ def render_guide(guide: Guide, workspace: Workspace) -> Iterator[RenderableType]
             yield source_panel(guide, region, workspace)
         elif isinstance(region, ExpectBlock):
             yield expect_panel(guide, region)
+        else:  # a region of a fence kind registered elsewhere (reader.body): its Markdown, verbatim
+            yield Text(guide.raw(region))
     yield claims_table(guide)
 
 

@@ -14,9 +14,9 @@ import psutil
 import pytest
 import torch
 
-from checks.manager import PoolManager
-from checks.pool import RankPool
-from checks.protocol import CheckRequest, Patch
+from checks.ranks.manager import PoolManager
+from checks.ranks.pool import RankPool
+from checks.ranks.protocol import CheckRequest, Patch
 
 
 @pytest.fixture
@@ -43,7 +43,7 @@ def _assert_gone(pids: list[int]) -> None:
 
 
 def run(manager: PoolManager, target: str, world_size: int = 2, **kwargs: object) -> object:
-    return manager.run(CheckRequest(f"checks.selftest:{target}", kwargs=dict(kwargs), world_size=world_size))
+    return manager.run(CheckRequest(f"checks.ranks.selftest:{target}", kwargs=dict(kwargs), world_size=world_size))
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -76,7 +76,7 @@ def test_exception_reports_rank_and_traceback_and_unblocks_others(manager: PoolM
     failed = {r.rank: r for r in outcome.results}
     assert "ValueError: deliberate failure on rank 1" in failed[1].error
     assert 'selftest.py", line' in failed[1].error and "in raise_on" in failed[1].error
-    assert outcome.failure.startswith("checks.selftest:raise_on failed on ranks 0, 1")
+    assert outcome.failure.startswith("checks.ranks.selftest:raise_on failed on ranks 0, 1")
     assert "── rank 1: ValueError: deliberate failure on rank 1" in outcome.failure
     # Rank 0 was blocked in the second barrier: it is reported with its stack, then stopped.
     assert "after rank 1 failed" in failed[0].error
@@ -91,17 +91,17 @@ def test_failure_on_every_rank_keeps_the_pool(shared: PoolManager) -> None:
     pids = [v["pid"] for v in run(shared, "identify").values()]
     outcome = run(shared, "raise_on", rank=-1)  # nobody raises
     assert outcome.ok
-    outcome = shared.run(CheckRequest("checks.selftest:returns_unpicklable"))
+    outcome = shared.run(CheckRequest("checks.ranks.selftest:returns_unpicklable"))
     assert not outcome.ok
     assert all("cannot be sent back from the rank" in r.error for r in outcome.results)
-    assert "── ranks 0, 1: TypeError: checks.selftest:returns_unpicklable returned a function" in outcome.failure
+    assert "── ranks 0, 1: TypeError: checks.ranks.selftest:returns_unpicklable returned a function" in outcome.failure
     assert outcome.failure.count("── ") == 1  # the same error on every rank is reported once
     assert [v["pid"] for v in run(shared, "identify").values()] == pids  # same SPMD failure: group intact
 
 
 def test_timeout_dumps_every_hung_rank_stack(manager: PoolManager) -> None:
     pids = [v["pid"] for v in run(manager, "identify").values()]
-    outcome = manager.run(CheckRequest("checks.selftest:hang_on", kwargs={"rank": 1}, timeout=2))
+    outcome = manager.run(CheckRequest("checks.ranks.selftest:hang_on", kwargs={"rank": 1}, timeout=2))
     assert not outcome.ok
     rank0, rank1 = outcome.results
     assert rank0.ok
@@ -123,6 +123,16 @@ def test_dead_rank_is_reported_with_its_signal(manager: PoolManager, how: str, s
         assert "in crash_on" in dead.stack
     _assert_gone(pids)
     assert run(manager, "trivial").ok
+
+
+def test_a_group_that_fails_the_health_check_retires_the_pool(manager: PoolManager) -> None:
+    outcome = run(manager, "poison_all_reduce")
+    assert outcome.ok, outcome.failure  # the check itself passed; the Verify that follows it did not
+    broken = manager.pool(2)
+    assert broken is not None and broken.broken
+    first_pids = broken.pids
+    assert run(manager, "identify").ok
+    assert manager.pools_started == 2 and manager.pool(2).pids != first_pids
 
 
 def test_rank_exit_code_is_reported(manager: PoolManager) -> None:
@@ -151,8 +161,8 @@ def test_live_wrapper_probe_can_see_a_leak(shared: PoolManager) -> None:
 
 def test_patch_reaches_every_importer_and_is_undone(shared: PoolManager) -> None:
     # torch.distributed re-exports get_world_size from distributed_c10d: both names must see the patch.
-    patch = Patch("torch.distributed.distributed_c10d:get_world_size", "checks.sabotage:returns", {"value": 99})
-    outcome = shared.run(CheckRequest("checks.selftest:identify", patches=(patch,)))
+    patch = Patch("torch.distributed.distributed_c10d:get_world_size", "checks.breakit.sabotage:returns", {"value": 99})
+    outcome = shared.run(CheckRequest("checks.ranks.selftest:identify", patches=(patch,)))
     assert [v["world_size"] for v in outcome.values()] == [99, 99]
     assert [v["world_size"] for v in run(shared, "identify").values()] == [2, 2]
 
@@ -162,11 +172,11 @@ def test_trace_reports_which_symbols_ran(shared: PoolManager) -> None:
         "torch.distributed.distributed_c10d:all_reduce",  # wrapped by a logging decorator: unwrapped rank-side
         "torch.distributed.distributed_c10d:broadcast",
         "torch.nn.modules.linear:Linear",  # a class: any of its methods
-        "checks.selftest:all_reduce_sum",
+        "checks.ranks.selftest:all_reduce_sum",
     )
-    outcome = shared.run(CheckRequest("checks.selftest:all_reduce_sum", trace=trace))
-    assert outcome.executed == {"torch.distributed.distributed_c10d:all_reduce", "checks.selftest:all_reduce_sum"}
-    outcome = shared.run(CheckRequest("checks.selftest:train_fsdp_and_ddp", trace=trace))
+    outcome = shared.run(CheckRequest("checks.ranks.selftest:all_reduce_sum", trace=trace))
+    assert outcome.executed == {"torch.distributed.distributed_c10d:all_reduce", "checks.ranks.selftest:all_reduce_sum"}
+    outcome = shared.run(CheckRequest("checks.ranks.selftest:train_fsdp_and_ddp", trace=trace))
     assert "torch.nn.modules.linear:Linear" in outcome.executed
 
 
@@ -206,10 +216,10 @@ def test_ranks_die_with_their_parent(tmp_path) -> None:
     script.write_text(
         textwrap.dedent("""
         import sys, time
-        from checks.manager import PoolManager
-        from checks.protocol import CheckRequest
+        from checks.ranks.manager import PoolManager
+        from checks.ranks.protocol import CheckRequest
         m = PoolManager(backend="gloo")
-        values = m.run(CheckRequest("checks.selftest:identify")).values()
+        values = m.run(CheckRequest("checks.ranks.selftest:identify")).values()
         print(" ".join(str(v["pid"]) for v in values), flush=True)
         time.sleep(600)
     """)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from checks import backend as backends
-from checks.manager import PoolManager
-from checks.protocol import CheckRequest
+from checks.ranks import backend as backends
+from checks.ranks.manager import PoolManager
+from checks.ranks.protocol import CheckRequest
 
 pytest_plugins = ["pytester"]
 
@@ -22,7 +22,7 @@ def test_needs_two_gpus(pool):
 
 @pytest.mark.skipif(backends.cuda_device_count() >= 2, reason="this machine has the GPUs: nothing to skip")
 def test_gpu_marked_items_skip_with_their_reason(pytester: pytest.Pytester) -> None:
-    pytester.makeconftest('pytest_plugins = ["checks.pytest_plugin"]')
+    pytester.makeconftest('pytest_plugins = ["checks.ranks.pytest_plugin"]')
     pytester.makepyfile(GPU_TEST)
     result = pytester.runpytest("-rs", "-p", "no:cacheprovider")
     result.assert_outcomes(skipped=1)
@@ -31,7 +31,7 @@ def test_gpu_marked_items_skip_with_their_reason(pytester: pytest.Pytester) -> N
 
 @pytest.mark.skipif(backends.cuda_device_count() >= 2, reason="this machine has the GPUs: nothing to skip")
 def test_nccl_without_gpus_skips_the_check_with_its_reason() -> None:
-    run = PoolManager(backend="nccl").run(CheckRequest("checks.selftest:trivial", world_size=2))
+    run = PoolManager(backend="nccl").run(CheckRequest("checks.ranks.selftest:trivial", world_size=2))
     assert not run.ok and run.results == []
     assert (
         run.skipped
@@ -40,7 +40,7 @@ def test_nccl_without_gpus_skips_the_check_with_its_reason() -> None:
 
 
 def test_options_and_environment_reach_the_manager(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytester.makeconftest('pytest_plugins = ["checks.pytest_plugin"]')
+    pytester.makeconftest('pytest_plugins = ["checks.ranks.pytest_plugin"]')
     pytester.makepyfile(
         """
         def test_settings(pool, world_size):
@@ -55,7 +55,7 @@ def test_options_and_environment_reach_the_manager(pytester: pytest.Pytester, mo
 
 
 def test_bad_options_are_usage_errors(pytester: pytest.Pytester) -> None:
-    pytester.makeconftest('pytest_plugins = ["checks.pytest_plugin"]')
+    pytester.makeconftest('pytest_plugins = ["checks.ranks.pytest_plugin"]')
     pytester.makepyfile("def test_nothing():\n    pass\n")
     result = pytester.runpytest("--world-size=0", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR

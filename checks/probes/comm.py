@@ -53,7 +53,7 @@ _API_MODULES = {
 _PLUMBING = (
     "torch._dynamo", "torch._compile", "torch._ops", "torch._library", "torch.distributed.c10d_logger",
     "typing_extensions", "functools", "contextlib", "torch.utils._python_dispatch", "torch.utils._contextlib",
-    "torch.autograd.profiler", "checks.probes",
+    "torch.autograd.profiler", "checks.probes.comm", "checks.probes.crosscheck",
 )  # fmt: skip
 _MODE_HANDLERS = frozenset({"__torch_dispatch__", "__torch_function__"})  # other modes and subclasses in between
 OBJECT_APIS = frozenset(

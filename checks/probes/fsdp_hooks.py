@@ -13,10 +13,11 @@ from typing import Any
 
 import torch
 
+from checks.naming import ROOT, unit_name
 from checks.probes import clock
-from checks.probes.events import ROOT, Recording
-from checks.symbols import code_objects
-from checks.tracing import CallHook, ReturnHook
+from checks.probes.recording import Recording
+from checks.ranks.symbols import code_objects
+from checks.ranks.tracing import CallHook, ReturnHook
 
 _FSDP1 = "torch.distributed.fsdp._runtime_utils"
 _FLAT = "torch.distributed.fsdp._flat_param"
@@ -73,7 +74,7 @@ def _fsdp1(rec: Recording) -> dict[types.CodeType, CallHook]:
     gathers = [0]  # FlatParamHandle._all_gather_flat_param calls so far
 
     def handle_fqn(handle: Any) -> str:
-        return rec.fqn(handle._fully_sharded_module)
+        return rec.unit(handle._fully_sharded_module)
 
     def state_of(handle: Any) -> str:
         return _name(handle._training_state)
@@ -139,7 +140,7 @@ def _fsdp1(rec: Recording) -> dict[types.CodeType, CallHook]:
         rec.emit("reduce_grad", handle_fqn(handle), state_of(handle), api="fsdp1", detail=detail)
 
     def final_callback(frame: types.FrameType) -> ReturnHook:
-        rec.emit("final_callback", rec.fqn(frame.f_locals["module"]), "", api="fsdp1")
+        rec.emit("final_callback", rec.unit(frame.f_locals["module"]), "", api="fsdp1")
         return _next_iteration(rec)
 
     return {
@@ -171,13 +172,13 @@ def _fsdp2(rec: Recording) -> dict[types.CodeType, CallHook]:
 
     def group_fqn(group: Any) -> str:
         fqn = getattr(group, "_module_fqn", None)
-        return fqn if isinstance(fqn, str) else rec.fqn(group.modules[0])
+        return unit_name(fqn) if isinstance(fqn, str) else rec.unit(group.modules[0])
 
     def state_fqn(state: Any) -> str:
         group = state._fsdp_param_group
         if group is not None:
             return group_fqn(group)
-        return ROOT if state._is_root else rec.fqn(state._modules[0])
+        return ROOT if state._is_root else rec.unit(state._modules[0])
 
     def issuer_of(frame: types.FrameType | None) -> tuple[str, str]:
         owner = frame.f_locals.get("self") if frame is not None else None

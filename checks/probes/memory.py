@@ -40,6 +40,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from checks.naming import clean, unit_name
 from checks.probes import peaks as peak_tools
 from checks.probes.peaks import CudaStats, PeakReport
 
@@ -88,7 +89,7 @@ def _fsdp1_tensors(model: nn.Module, names: dict[int, str]) -> Iterator[tuple[st
         if not isinstance(module, FullyShardedDataParallel) or module._handle is None:
             continue
         flat = module._handle.flat_param
-        unit = _show(fqn)
+        unit = unit_name(fqn)
         for attr in ("_full_param_padded", "_full_prec_full_param_padded"):
             yield "unsharded", f"fsdp1 {unit} {attr}", getattr(flat, attr, None)
         yield "params", f"fsdp1 {unit} local shard", getattr(flat, "_local_shard", None)
@@ -112,7 +113,11 @@ def _fsdp2_tensors(model: nn.Module) -> Iterator[tuple[str, str, Any]]:
             results.append(kept.all_gather_result if kept is not None else None)
             for result in results:
                 if result is not None:
-                    yield "unsharded", f"fsdp2 {_show(group._module_fqn)} all-gather buffer", result.all_gather_output
+                    yield (
+                        "unsharded",
+                        f"fsdp2 {unit_name(group._module_fqn)} all-gather buffer",
+                        result.all_gather_output,
+                    )
             for param in group.fsdp_params:
                 name = param._param_fqn or "?"
                 for output in getattr(param, "all_gather_outputs", None) or []:
@@ -136,9 +141,7 @@ def _optimizers(optim: torch.optim.Optimizer | None) -> list[torch.optim.Optimiz
 
 
 def _candidates(model: nn.Module, optim: torch.optim.Optimizer | None) -> Iterator[tuple[str, str, Any]]:
-    from checks.probes.events import clean_fqn
-
-    names = {id(p): clean_fqn(n) for n, p in model.named_parameters()}
+    names = {id(p): clean(n) for n, p in model.named_parameters()}
     yield from _fsdp1_tensors(model, names)
     yield from _fsdp2_tensors(model)
     parameters = list(model.parameters())
@@ -185,12 +188,6 @@ def snapshot(model: nn.Module, optim: torch.optim.Optimizer | None = None) -> Me
             seen.add(key)
             entries.append(StorageEntry(category, label, storage.nbytes(), str(tensor.dtype), tensor.dim() == 0))
     return MemorySnapshot(rank=dist.get_rank() if dist.is_initialized() else 0, entries=entries)
-
-
-def _show(fqn: str) -> str:
-    from checks.probes.events import clean_fqn, show
-
-    return show(clean_fqn(fqn))
 
 
 # -- the accountant ------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 
 from checks.probes.comm import CommLog
-from checks.probes.events import EventLog, show
+from checks.probes.event_log import EventLog
 from checks.probes.memory import CATEGORIES, MemorySnapshot
 
 MARK = "▶"
@@ -50,9 +50,9 @@ def event_table(
             str(event.index),
             str(event.iteration),
             event.kind,
-            show(event.fqn),
+            event.unit,
             event.state,
-            show(event.target) if event.target is not None else "",
+            event.target or "",
             event.detail,
         )
     return table

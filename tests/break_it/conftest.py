@@ -2,6 +2,9 @@
 
 A claim that still passes with the behaviour it asserts removed proves nothing. Every test here is marked
 ``@pytest.mark.breaks(guide_id, claim_id)``; `test_coverage.py` fails if a claim of any guide has no such test.
+The claim runs through the same request path as its pytest item (`reader.plugin.claim_request`), and a test
+asserts *why* it failed on the structured result (``run.reason``, ``run.details``, ``run.error_types``), not on
+rendered text.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from checks.manager import PoolManager
-from checks.protocol import CheckRequest, CheckRun, Patch
-from reader.guide import ClaimSpec, Guide
+from checks.ranks.manager import PoolManager
+from checks.ranks.protocol import CheckRun, Patch
+from reader.guide import Guide
 from reader.parse import load_guide, looks_like_guide
+from reader.plugin import claim_request
 
 READINGS = Path(__file__).resolve().parents[2] / "readings"
 
@@ -31,19 +35,6 @@ def guides() -> dict[str, Guide]:
     return {guide.id: guide for guide in found}
 
 
-def claim(guide_id: str, claim_id: str) -> ClaimSpec:
-    by_id = {c.id: c for c in guides()[guide_id].claims}
-    if claim_id not in by_id:
-        raise KeyError(f"{guide_id} has no claim {claim_id!r}; it has {sorted(by_id)}")
-    return by_id[claim_id]
-
-
-def request_for(guide_id: str, claim_id: str, patches: tuple[Patch, ...], **overrides: Any) -> CheckRequest:
-    spec = claim(guide_id, claim_id)
-    kwargs = {**guides()[guide_id].claim_kwargs(spec), **overrides}
-    return CheckRequest(spec.check, kwargs=kwargs, world_size=spec.world_size, patches=patches, timeout=spec.timeout)
-
-
 BreakRunner = Callable[..., CheckRun]
 
 
@@ -54,9 +45,11 @@ def broken(pool: PoolManager, request: pytest.FixtureRequest) -> BreakRunner:
     marker = request.node.get_closest_marker("breaks")
     assert marker is not None, "a break-it test needs @pytest.mark.breaks(guide_id, claim_id)"
     guide_id, claim_id = marker.args
+    guide = guides()[guide_id]
+    claim = guide.claim(claim_id)
 
     def run(*patches: Patch, **overrides: Any) -> CheckRun:
-        outcome = pool.run(request_for(guide_id, claim_id, patches, **overrides))
+        outcome = pool.run(claim_request(request.config, guide, claim, patches=patches, **overrides))
         assert outcome.skipped is None, outcome.skipped
         assert not outcome.ok, f"{guide_id}::{claim_id} still passed with torch broken by {patches}"
         return outcome

@@ -2,8 +2,9 @@
 
 import pytest
 
-from checks.breakers import wrapping
-from checks.protocol import Patch
+from checks.breakit.patches import returning, wrapping
+from checks.guides.g01_step_map import finalize_keeping_hook_state, forward_registering_hooks, reshard_twice_on_rank_1
+from checks.guides.g03_unshard_reshard import reshard_everything
 
 RU = "torch.distributed.fsdp._runtime_utils"
 FSDP_FORWARD = "torch.distributed.fsdp.fully_sharded_data_parallel:FullyShardedDataParallel.forward"
@@ -11,29 +12,32 @@ FSDP_FORWARD = "torch.distributed.fsdp.fully_sharded_data_parallel:FullyShardedD
 
 @pytest.mark.breaks("01-step-map", "one-step-timeline")
 def test_no_backward_prefetch_changes_the_timeline(broken) -> None:
-    run = broken(Patch(f"{RU}:_get_handle_to_prefetch", "checks.sabotage:returns", {"value": None}))
-    assert "step timeline differs from the expectation" in run.failure
-    assert "prefetch blocks.2 (all-gather)" in run.failure  # the expected line that went missing
+    run = broken(returning(f"{RU}:_get_handle_to_prefetch", None))
+    assert run.reason == "timeline-differs"
+    expected, observed = run.details["expected"], run.details["observed"]
+    assert "backward root prefetch blocks.2 (all-gather)" in expected and not any("prefetch" in o for o in observed)
 
 
 @pytest.mark.breaks("01-step-map", "one-step-timeline")
 def test_freeing_the_root_after_forward_changes_the_timeline(broken) -> None:
     # Free every unit after forward, the root included: the root's backward unshard must all-gather again.
-    run = broken(wrapping(f"{RU}:_post_forward_reshard", "reshard_everything"))
-    assert "step timeline differs from the expectation" in run.failure
-    assert "forward root reshard, free" in run.failure
+    run = broken(wrapping(f"{RU}:_post_forward_reshard", reshard_everything))
+    assert run.reason == "timeline-differs"
+    assert "forward root reshard, free" in run.details["observed"]
+    assert "forward root reshard, free" not in run.details["expected"]
 
 
 @pytest.mark.breaks("01-step-map", "same-on-every-rank")
 def test_rank_dependent_resharding_is_caught(broken) -> None:
-    run = broken(wrapping(f"{RU}:_post_forward_reshard", "reshard_twice_on_rank_1"))
-    assert "the FSDP event sequence differs between ranks (rank 0 vs [1])" in run.failure
+    run = broken(wrapping(f"{RU}:_post_forward_reshard", reshard_twice_on_rank_1))
+    assert run.reason == "differs-between-ranks"
+    assert run.details == {"what": "the FSDP event sequence", "differing": [1]}
 
 
 @pytest.mark.breaks("01-step-map", "forward-is-called-not-hooked")
 def test_a_forward_that_registers_hooks_is_caught(broken) -> None:
-    run = broken(wrapping(FSDP_FORWARD, "forward_registering_hooks"))
-    assert "forward hook registration ran: ['_register_pre_forward_hook']" in run.failure
+    run = broken(wrapping(FSDP_FORWARD, forward_registering_hooks))
+    assert (run.reason, run.details) == ("registration-ran", {"ran": ["_register_pre_forward_hook"]})
 
 
 @pytest.mark.breaks("01-step-map", "forward-is-called-not-hooked")
@@ -45,17 +49,20 @@ def test_a_caller_in_the_torch_tree_is_caught(broken, tmp_path) -> None:
         "def attach(state, module):\n    _register_pre_forward_hook(state, module)\n"
     )
     run = broken(torch_root=str(tmp_path / "torch"))
-    assert "the installed torch calls the forward registration helpers" in run.failure
-    assert "_composable_again.py:2" in run.failure
+    assert run.reason == "registration-has-callers"
+    [caller] = run.details["callers"]
+    assert caller.startswith("torch/distributed/fsdp/_composable_again.py:2:")
 
 
 @pytest.mark.breaks("01-step-map", "post-backward-hook-per-iteration")
 def test_hook_state_left_behind_is_caught(broken) -> None:
-    run = broken(wrapping(f"{RU}:_finalize_params", "finalize_keeping_hook_state"))
-    assert "after backward 1: post-backward hook registered" in run.failure
+    run = broken(wrapping(f"{RU}:_finalize_params", finalize_keeping_hook_state))
+    assert run.reason == "hook-lifetime"
+    assert run.details == {"moment": "after backward 1", "observed": [True, True, True, True]}
 
 
 @pytest.mark.breaks("01-step-map", "same-on-every-rank-at-4")
 def test_rank_dependent_resharding_is_caught_on_4_ranks(broken) -> None:
-    run = broken(wrapping(f"{RU}:_post_forward_reshard", "reshard_twice_on_rank_1"))
-    assert "the FSDP event sequence differs between ranks (rank 0 vs [1])" in run.failure
+    run = broken(wrapping(f"{RU}:_post_forward_reshard", reshard_twice_on_rank_1))
+    assert run.reason == "differs-between-ranks"
+    assert run.details["differing"] == [1]

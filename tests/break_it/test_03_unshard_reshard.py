@@ -2,34 +2,43 @@
 
 import pytest
 
-from checks.breakers import wrapping
-from checks.protocol import Patch
+from checks.breakit.patches import replacing, set_to, wrapping
+from checks.guides.g03_unshard_reshard import (
+    all_gather_twice,
+    dequeue_at_one,
+    every_sharded_strategy,
+    reshard_everything,
+    reshard_keeping_prefetched,
+    unshard_consulting_the_queue,
+)
+from checks.workloads.gpt import padded_sizes
 
 RU = "torch.distributed.fsdp._runtime_utils"
 FP = "torch.distributed.fsdp._flat_param"
-NOTHING_RESHARDS = Patch(f"{FP}:RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES", "checks.sabotage:value", {"value": ()})
-SHARD_GRAD_OP_RESHARDS = Patch(
-    f"{FP}:RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES", "checks.breakers:every_sharded_strategy"
-)
+NOTHING_RESHARDS = set_to(f"{FP}:RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES", ())
+SHARD_GRAD_OP_RESHARDS = replacing(f"{FP}:RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES", every_sharded_strategy)
+BLOCK_BYTES = 4 * padded_sizes(2, 4)["blocks.0"]  # one block's padded unsharded fp32 flat parameter
 
 
 @pytest.mark.breaks("03-unshard-reshard", "full-shard-frees-non-roots")
 def test_full_shard_that_keeps_everything_is_caught(broken) -> None:
     run = broken(NOTHING_RESHARDS)
-    assert "FULL_SHARD: unsharded bytes held after forward" in run.failure
-    assert "'blocks.0': 64080" in run.failure
+    assert run.reason == "held-after-forward"
+    assert run.details["expected"]["blocks.0"] == 0 and run.details["observed"]["blocks.0"] == BLOCK_BYTES
 
 
 @pytest.mark.breaks("03-unshard-reshard", "full-shard-frees-non-roots")
 def test_freeing_the_root_too_is_caught(broken) -> None:
-    run = broken(wrapping(f"{RU}:_post_forward_reshard", "reshard_everything"))
-    assert "'root': 0" in run.failure
+    run = broken(wrapping(f"{RU}:_post_forward_reshard", reshard_everything))
+    assert run.reason == "held-after-forward"
+    assert run.details["observed"]["root"] == 0 and run.details["expected"]["root"] > 0
 
 
 @pytest.mark.breaks("03-unshard-reshard", "shard-grad-op-frees-nothing")
 def test_shard_grad_op_that_frees_is_caught(broken) -> None:
     run = broken(SHARD_GRAD_OP_RESHARDS)
-    assert "SHARD_GRAD_OP: unsharded bytes held after forward" in run.failure
+    assert run.reason == "held-after-forward"
+    assert run.details["observed"]["blocks.0"] == 0 and run.details["expected"]["blocks.0"] == BLOCK_BYTES
 
 
 @pytest.mark.breaks("03-unshard-reshard", "shard-grad-op-no-backward-all-gathers")
@@ -37,34 +46,41 @@ def test_shard_grad_op_that_regathers_in_backward_is_caught(broken) -> None:
     # With use_orig_params=True, freeing SHARD_GRAD_OP units after forward trips an internal assertion in
     # backward (their views were left unsharded on purpose); without it the re-gather runs and is counted.
     run = broken(SHARD_GRAD_OP_RESHARDS, use_orig_params=False)
-    assert "step 1: 4 all-gathers in forward and 3 in backward; SHARD_GRAD_OP should give 4 and 0" in run.failure
+    assert run.reason == "all-gather-count"
+    assert run.details["observed"] == {"forward": 4, "backward": 3} and run.details["step"] == 1
 
 
 @pytest.mark.breaks("03-unshard-reshard", "one-all-gather-per-unit")
 def test_a_second_all_gather_per_unit_is_caught(broken) -> None:
-    run = broken(wrapping(f"{FP}:FlatParamHandle._all_gather_flat_param", "all_gather_twice"))
-    assert "forward 1's all-gather sizes (one per unit) differs from the expectation" in run.failure
+    run = broken(wrapping(f"{FP}:FlatParamHandle._all_gather_flat_param", all_gather_twice))
+    assert run.reason == "all-gather-sizes"
+    expected = run.details["expected"]
+    assert run.details["observed"] == [size for size in expected for _ in (1, 2)]
 
 
 @pytest.mark.breaks("03-unshard-reshard", "reshard-clears-prefetched")
 def test_reshard_that_keeps_the_flag_is_caught(broken) -> None:
-    run = broken(wrapping(f"{RU}:_reshard", "reshard_keeping_prefetched"))
-    assert "root: _reshard(free=False) left _prefetched=True" in run.failure
+    run = broken(wrapping(f"{RU}:_reshard", reshard_keeping_prefetched))
+    assert (run.reason, run.details) == ("prefetched-kept", {"unit": "root", "free": False})
 
 
 @pytest.mark.breaks("03-unshard-reshard", "one-all-gather-per-unit-at-4")
 def test_a_second_all_gather_per_unit_is_caught_on_4_ranks(broken) -> None:
-    run = broken(wrapping(f"{FP}:FlatParamHandle._all_gather_flat_param", "all_gather_twice"))
-    assert "forward 1's all-gather sizes (one per unit) differs from the expectation" in run.failure
+    run = broken(wrapping(f"{FP}:FlatParamHandle._all_gather_flat_param", all_gather_twice))
+    assert run.reason == "all-gather-sizes"
+    assert run.details["observed"] == [size for size in run.details["expected"] for _ in (1, 2)]
 
 
 @pytest.mark.breaks("03-unshard-reshard", "rate-limiter-rule")
 def test_a_limiter_that_waits_at_one_is_caught(broken) -> None:
-    run = broken(wrapping("torch.distributed.fsdp._limiter_utils:_FreeEventQueue.dequeue_if_needed", "dequeue_at_one"))
-    assert "free-event queue (limit_all_gathers=True) differs from the expectation" in run.failure
+    run = broken(wrapping("torch.distributed.fsdp._limiter_utils:_FreeEventQueue.dequeue_if_needed", dequeue_at_one))
+    assert run.reason == "queue-differs"
+    first = run.details["first"]
+    assert run.details["expected"][first].endswith("go") and run.details["observed"][first].endswith("wait")
 
 
 @pytest.mark.breaks("03-unshard-reshard", "no-rate-limiter-without-limit-all-gathers")
 def test_a_queue_consulted_without_the_limit_is_caught(broken) -> None:
-    run = broken(wrapping(f"{RU}:_unshard", "unshard_consulting_the_queue"))
-    assert "free-event queue (limit_all_gathers=False) differs from the expectation" in run.failure
+    run = broken(wrapping(f"{RU}:_unshard", unshard_consulting_the_queue))
+    assert run.reason == "queue-differs"
+    assert run.details["expected"] == [] and run.details["observed"]

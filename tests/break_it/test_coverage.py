@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from conftest import guides
+from tests.break_it.conftest import guides
 
 HERE = Path(__file__).parent
 

@@ -1,4 +1,4 @@
-"""Helpers for the probes' tests: run a ``checks.selftest_probes`` function on the session's rank pool."""
+"""Helpers for the probes' tests: run a ``checks.probes.selftest`` function on the session's rank pool."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from checks.manager import PoolManager
-from checks.protocol import CheckRequest, Patch
+from checks.ranks.manager import PoolManager
+from checks.ranks.protocol import CheckRequest, Patch
 
 
 class Ranks:
@@ -23,7 +23,7 @@ class Ranks:
         **kw: Any,
     ) -> list[Any]:
         request = CheckRequest(
-            f"checks.selftest_probes:{function}", kwargs=kw, world_size=world_size, patches=patches, trace=trace
+            f"checks.probes.selftest:{function}", kwargs=kw, world_size=world_size, patches=patches, trace=trace
         )
         run = self.pool.run(request)
         if run.skipped:

@@ -4,10 +4,10 @@ saw sits inside an unshard or prefetch the event recorder saw, for the same unit
 from __future__ import annotations
 
 import pytest
-from probe_spec import ALIGN, FP32, flat_numel, fsdp2_unit_shard, theta
 
 from checks.probes import CommLog, EventLog
 from checks.probes.render import comm_table, rank_sequences, to_text
+from tests.probes.probe_spec import ALIGN, FP32, flat_numel, fsdp2_unit_shard, theta
 
 
 def gathered_by_events(comm: CommLog, events: EventLog) -> list[tuple[str, int]]:
@@ -17,7 +17,7 @@ def gathered_by_events(comm: CommLog, events: EventLog) -> list[tuple[str, int]]
     out = []
     for record in comm.select("all_gather"):
         event = max((e for e in issuing if e.seq < record.seq), key=lambda e: e.seq)
-        out.append((event.target if event.kind == "prefetch" else event.fqn, record.numel))
+        out.append((event.target if event.kind == "prefetch" else event.unit, record.numel))
     return out
 
 
@@ -46,7 +46,7 @@ def test_probes_beyond_the_toy_mini_gpt(ranks) -> None:
     values = ranks("mini_gpt_steps", probe="all")
     step, layers = values[0]["step"], values[0]["n_layer"]
     blocks = [f"blocks.{i}" for i in reversed(range(layers))]
-    assert step.events.prefetches(iteration=1) == list(zip(["", *blocks], blocks, strict=False))
+    assert step.events.prefetches(iteration=1) == list(zip(["root", *blocks], blocks, strict=False))
     assert step.comm.crosscheck.ok and step.comm.count("reduce_scatter") == 2 * (layers + 1)  # two steps
     assert not step.events.notes
     # Both ranks' parameter bytes: |θ| (tied weights once) plus padding: at most 3 alignment elements before each

@@ -4,13 +4,15 @@ each against sizes computed here from the call or the toy's shapes (`probe_spec`
 from __future__ import annotations
 
 import pickle
+from fractions import Fraction
 
 import pytest
-from probe_spec import FP32, expected_comm, flat_numel, ring_bytes, theta
 
+from checks.naming import ROOT
 from checks.probes.comm import Collective, CommLog
 from checks.probes.crosscheck import BackendEvent, compare
-from checks.protocol import Patch
+from checks.ranks.protocol import Patch
+from tests.probes.probe_spec import FP32, expected_comm, flat_numel, ring_bytes, theta
 
 
 def _api_expectations(n: int) -> dict[str, list[tuple[str, int, str]]]:
@@ -69,7 +71,7 @@ def test_every_collective_api_is_recorded_once_with_its_full_payload(ranks) -> N
     first = values[0]
     assert first["async all_reduce"][0].async_op and not first["all_reduce"][0].async_op
     assert first["DTensor full_tensor"][0].caller.startswith("torch.distributed.tensor.")
-    assert first["all_gather_single"][0].caller == "checks.selftest_probes:_api_cases.<locals>.<lambda>"
+    assert first["all_gather_single"][0].caller == "checks.probes.selftest:_api_cases.<locals>.<lambda>"
 
 
 @pytest.mark.world_size(4)
@@ -107,8 +109,7 @@ def test_training_step_comm_matches_spec(ranks, kind: str, options: dict[str, st
     assert [r.ring_bytes for r in log] == [ring_bytes(op, numel * FP32, n) for op, numel in expected]
     for r in log:
         assert r.api == APIS[kind][r.op]
-    ratio = log.ring_bytes() / (theta() * FP32)
-    assert ratio == sum(ring_bytes(op, numel * FP32, n) for op, numel in expected) / (theta() * FP32)
+    assert log.ring_bytes() == sum(ring_bytes(op, numel * FP32, n) for op, numel in expected)
     assert all(other.keys() == log.keys() for other in logs), "ranks recorded different collectives"
     assert log.crosscheck is not None and log.crosscheck.ok, log.crosscheck.explain()
 
@@ -118,8 +119,8 @@ def test_ddp_ratio_is_one_and_fsdp1_full_shard_counts_the_kept_root(ranks) -> No
     divide (they do at N=2), because the root is not resharded after forward."""
     ddp, fsdp1 = (ranks("step_probes", kind=k)[0].comm for k in ("ddp", "fsdp1"))
     assert ddp.ring_bytes() == theta() * FP32
-    root = flat_numel("", 2)
-    assert fsdp1.ring_bytes() / (theta() * FP32) == (3 * theta() - root) / (2 * theta())
+    root = flat_numel(ROOT, 2)
+    assert Fraction(fsdp1.ring_bytes()) / (theta() * FP32) == Fraction(3 * theta() - root, 2 * theta())
 
 
 @pytest.mark.parametrize("how", ["backend", "thread"])
@@ -136,13 +137,13 @@ def test_recorder_follows_a_sabotaged_reduce_scatter(ranks) -> None:
     FSDP1's three gradient reductions must show up as all-reduces of the padded flat gradient, at twice the ring
     bytes, called from the replacement."""
     sabotage = Patch("torch.distributed.distributed_c10d:reduce_scatter_single",
-                     "checks.selftest_probes:reduce_scatter_via_all_reduce")  # fmt: skip
+                     "checks.probes.selftest:reduce_scatter_via_all_reduce")  # fmt: skip
     log = ranks("step_probes", kind="fsdp1", patches=(sabotage,))[0].comm
     assert log.count("reduce_scatter") == 0
     reductions = log.select("all_reduce")
-    assert [r.numel for r in reductions] == [flat_numel(u, 2) for u in ("1", "0", "")]
+    assert [r.numel for r in reductions] == [flat_numel(u, 2) for u in ("1", "0", ROOT)]
     assert {r.caller for r in reductions} == {
-        "checks.selftest_probes:reduce_scatter_via_all_reduce.<locals>.replacement"
+        "checks.probes.selftest:reduce_scatter_via_all_reduce.<locals>.replacement"
     }
     assert [r.ring_bytes for r in reductions] == [2 * ring_bytes("reduce_scatter", r.nbytes, 2) for r in reductions]
     assert log.crosscheck is not None and log.crosscheck.ok

@@ -6,10 +6,10 @@ from __future__ import annotations
 from itertools import pairwise
 
 import pytest
-from probe_spec import POST_FORWARD, ROOT, UNITS, fsdp1_backward, fsdp1_forward
 
 from checks.probes import EventLog, assert_sequence
-from checks.protocol import Patch
+from checks.ranks.protocol import Patch
+from tests.probes.probe_spec import POST_FORWARD, ROOT, UNITS, fsdp1_backward, fsdp1_forward
 
 BACKWARD = ("pre_backward", "prefetch", "post_backward")
 FORWARD = ("root_pre_forward", "unshard", "prefetch", "free", "reshard")
@@ -36,9 +36,9 @@ def test_fsdp1_backward_prefetch_order(ranks, policy: str | None) -> None:
     backward_unshards = [e for e in log.select("unshard") if e.state == "BACKWARD_PRE"]
     # Every unit is all-gathered in backward exactly once, by a prefetch or by its own pre-backward, except the
     # root, which FULL_SHARD kept unsharded after forward.
-    gathered = sorted([*prefetched, *(e.fqn for e in backward_unshards if e.detail == "all-gather")])
+    gathered = sorted([*prefetched, *(e.unit for e in backward_unshards if e.detail == "all-gather")])
     assert gathered == sorted(UNITS)
-    assert [e.detail for e in backward_unshards if e.fqn == ROOT] == ["no all-gather"]
+    assert [e.detail for e in backward_unshards if e.unit == ROOT] == ["no all-gather"]
     assert [e.kind for e in log][-1] == "final_callback" and log.completed_iterations == 1
 
 
@@ -46,7 +46,7 @@ def test_fsdp1_shard_grad_op_keeps_everything_unsharded(ranks) -> None:
     log = ranks("step_probes", kind="fsdp1", strategy="SHARD_GRAD_OP")[0].events
     assert_sequence(forward_part(log).sequence(FORWARD), fsdp1_forward("SHARD_GRAD_OP"), what="SHARD_GRAD_OP forward")
     assert all(e.detail == "no all-gather" for e in log.select(("unshard", "prefetch")) if e.state != "FORWARD")
-    assert [e.fqn for e in log.select("free")] == ["1", "0", ROOT]  # freed in backward, post-backward order
+    assert [e.unit for e in log.select("free")] == ["1", "0", ROOT]  # freed in backward, post-backward order
 
 
 def test_fsdp1_forward_prefetch_starts_in_iteration_two(ranks) -> None:
@@ -67,11 +67,11 @@ def test_fsdp2_implicit_prefetch_and_late_post_backward(ranks) -> None:
     log = same_on_all_ranks([s.events for s in ranks("step_probes", kind="fsdp2")])
     expected = [(POST_FORWARD[i], POST_FORWARD[i - 1]) for i in range(len(POST_FORWARD) - 1, 0, -1)]
     assert log.prefetches() == expected
-    late = {e.fqn: e.detail for e in log.select("post_backward")}
+    late = {e.unit: e.detail for e in log.select("post_backward")}
     assert late == {"1": "", ROOT: "from final callback", "0": "from final callback"}
     kinds = [e.kind for e in log]
     assert kinds.index("final_callback") < max(i for i, k in enumerate(kinds) if k == "post_backward")
-    assert [e.fqn for e in forward_part(log).select("free")] == [*UNITS, ROOT]  # the root reshards too
+    assert [e.unit for e in forward_part(log).select("free")] == [*UNITS, ROOT]  # the root reshards too
     assert all(e.api == "fsdp2" for e in log)
 
 
@@ -79,18 +79,18 @@ def test_fsdp2_explicit_prefetch_lists(ranks) -> None:
     lists = {"forward": {"": ["0", "1"]}, "backward": {"": ["1", "0"]}}
     log = ranks("step_probes", kind="fsdp2", explicit_prefetch=lists)[0].events
     assert forward_part(log).prefetches() == [(ROOT, t) for t in lists["forward"][""]]
-    backward = [(e.fqn, e.target) for e in log.select("prefetch") if e.state == "PRE_BACKWARD"]
+    backward = [(e.unit, e.target) for e in log.select("prefetch") if e.state == "PRE_BACKWARD"]
     assert backward == [(ROOT, t) for t in lists["backward"][""]]
 
 
 def test_recorder_sees_prefetch_sabotaged_away(ranks) -> None:
     """Make FSDP1's ``_get_handle_to_prefetch`` find nothing: BACKWARD_PRE must then record exactly what no
     prefetch records, with each unit all-gathered by its own pre-backward instead."""
-    sabotage = Patch("torch.distributed.fsdp._runtime_utils:_get_handle_to_prefetch", "checks.sabotage:returns")
+    sabotage = Patch("torch.distributed.fsdp._runtime_utils:_get_handle_to_prefetch", "checks.breakit.sabotage:returns")
     log = ranks("step_probes", kind="fsdp1", backward_prefetch="BACKWARD_PRE", patches=(sabotage,))[0].events
     assert log.prefetches() == []
     assert_sequence(log.sequence(BACKWARD), fsdp1_backward(None), what="sabotaged BACKWARD_PRE")
-    gathered = [e.fqn for e in log.select("unshard") if e.state == "BACKWARD_PRE" and e.detail == "all-gather"]
+    gathered = [e.unit for e in log.select("unshard") if e.state == "BACKWARD_PRE" and e.detail == "all-gather"]
     assert gathered == ["1", "0"]
 
 

@@ -8,7 +8,11 @@ from fractions import Fraction
 
 import pytest
 import torch
-from probe_spec import (
+
+from checks.probes import MemorySnapshot, account_memory
+from checks.ranks.protocol import Patch
+from checks.workloads import toy
+from tests.probes.probe_spec import (
     FP32,
     LAYERS,
     ROOT,
@@ -20,12 +24,8 @@ from probe_spec import (
     fsdp2_unit_shard,
     shapes,
     theta,
-    zero_partition,
+    zero_partition_of_toy,
 )
-
-from checks import toy
-from checks.probes import MemorySnapshot, account_memory
-from checks.protocol import Patch
 
 ALL_UNITS = (ROOT, *UNITS)
 PARAM_TENSORS = 2 * len(LAYERS)  # Adam keeps one 4-byte ``step`` per parameter tensor
@@ -49,7 +49,7 @@ def expected(kind: str, n: int, rank: int, *, use_orig_params: bool = False) -> 
         local = sum(fsdp2_local(s, n, rank) for child in LAYERS for s in shapes(child))
         return {"params": FP32 * padded, "grads": FP32 * padded, "optim": 2 * FP32 * local + FP32 * PARAM_TENSORS}
     if kind == "zero":  # ZeRO-1: optimizer state for the parameters this rank owns
-        owned = zero_partition(n)[rank]
+        owned = zero_partition_of_toy(n)[rank]
         optim = 2 * FP32 * sum(numel for _, numel in owned) + FP32 * len(owned)
         return {"params": FP32 * theta(), "grads": FP32 * theta(), "optim": optim}
     raise ValueError(kind)
@@ -77,9 +77,9 @@ def test_bytes_per_category_per_rank(ranks, n: int) -> None:
                 assert fsdp1.fraction_of(ddp, category) == Fraction(1, 2)
             assert fsdp1.fraction_of(ddp, "optim", scalars=False) == Fraction(1, 2)
         else:  # the root's 30 elements pad to 32: 8 per rank
-            assert unit_params["fsdp1 (root) local shard"] == FP32 * 8
+            assert unit_params["fsdp1 root local shard"] == FP32 * 8
         zero = snapshots["zero"]
-        assert zero.nbytes("optim", scalars=False) == 2 * FP32 * sum(x for _, x in zero_partition(n)[rank])
+        assert zero.nbytes("optim", scalars=False) == 2 * FP32 * sum(x for _, x in zero_partition_of_toy(n)[rank])
     total_zero_optim = sum(s["zero"].nbytes("optim", scalars=False) for s in per_rank)
     assert total_zero_optim == per_rank[0]["ddp"].nbytes("optim", scalars=False)  # ZeRO-1 partitions, no copies
 
@@ -143,7 +143,7 @@ def test_accountant_follows_sabotaged_free(ranks) -> None:
     """Make FSDP1's ``_free_storage`` a no-op (in every module that imported it): nothing is ever freed, so FSDP
     believes every unit is already unsharded and never all-gathers; the accountant must show all unsharded flat
     parameters alive after the step, and the comm recorder no all-gather."""
-    sabotage = Patch("torch.distributed.utils:_free_storage", "checks.sabotage:noop")
+    sabotage = Patch("torch.distributed.utils:_free_storage", "checks.breakit.sabotage:noop")
     step = ranks("step_probes", kind="fsdp1", patches=(sabotage,))[0]
     everything = FP32 * sum(flat_numel(u, 2) for u in ALL_UNITS)
     assert step.memory.after.nbytes("unsharded") == everything

@@ -72,19 +72,19 @@ def test_comm_table_counts_bytes_totals_and_ratios() -> None:
 
 
 def _events(rank: int, kinds: list[tuple[str, str, str | None]]) -> EventLog:
-    events = [FsdpEvent(i, 1, kind, fqn, "BACKWARD_PRE", target, rank=rank) for i, (kind, fqn, target) in
+    events = [FsdpEvent(i, 1, kind, unit, "BACKWARD_PRE", target, rank=rank) for i, (kind, unit, target) in
               enumerate(kinds, start=1)]  # fmt: skip
     return EventLog(rank, 2, events)
 
 
 def test_event_tables_and_rank_divergence() -> None:
-    common = [("pre_backward", "", None), ("prefetch", "", "1")]
+    common = [("pre_backward", "root", None), ("prefetch", "root", "1")]
     logs = [_events(0, [*common, ("post_backward", "1", None)]), _events(1, [*common, ("post_backward", "0", None)])]
     text = to_text(event_table(logs[0]))
-    assert "prefetch" in text and "(root)" in text and "BACKWARD_PRE" in text
+    assert "prefetch" in text and "root" in text and "BACKWARD_PRE" in text
     marked = rows_with_mark(to_text(rank_sequences(logs)))
     assert len(marked) == 1 and "post_backward 1" in marked[0] and "post_backward 0" in marked[0]
-    assert logs[0].sequence() == ["pre_backward (root)", "prefetch (root)→1", "post_backward 1"]
+    assert logs[0].sequence() == ["pre_backward root", "prefetch root→1", "post_backward 1"]
 
 
 def test_memory_table_fractions() -> None:

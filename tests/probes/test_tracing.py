@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from checks import tracing
+from checks.ranks import tracing
 
 
 def target(x: int) -> int:

@@ -9,10 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from reader_support import TorchTree, make_tree
 
 from reader import torch_source
+from reader.body import BODY_PARSERS, register_body_parser
 from reader.index import IndexCache
+from tests.reader.reader_support import TorchTree, make_tree, quiz_blocks
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -41,3 +42,13 @@ def installed_tree(torch_tree: TorchTree, monkeypatch: pytest.MonkeyPatch) -> To
     """Make the synthetic tree the 'installed' torch for this test (in-process pytester runs see it too)."""
     monkeypatch.setattr(torch_source, "installed_root", lambda: torch_tree.root)
     return torch_tree
+
+
+@pytest.fixture
+def quiz_parser() -> Iterator[str]:
+    """Register the made-up ```quiz fence kind for one test (the way a module adding a kind would)."""
+    register_body_parser("quiz", quiz_blocks)
+    try:
+        yield "quiz"
+    finally:
+        BODY_PARSERS.unregister("quiz")

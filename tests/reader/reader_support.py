@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import textwrap
 import zipfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from reader.body import BodyContext, Fence
 from reader.torch_source import DirSource
 
 RUNTIME_UTILS = '''\
@@ -191,3 +193,22 @@ LIMIT_ANCHOR = """
 name = "limit"
 symbol = "torch.distributed.fsdp._runtime_utils:_PREFETCH_LIMIT"
 """
+
+
+@dataclass(frozen=True)
+class Quiz:
+    """The region of a made-up fence kind (```quiz <question>, one answer per line), registered by tests."""
+
+    question: str
+    answers: tuple[str, ...]
+    start: int
+    end: int
+
+
+def quiz_blocks(fences: Sequence[Fence], context: BodyContext) -> Iterator[Quiz]:
+    for fence in fences:
+        if not fence.args:
+            context.problem(fence.start, "a quiz block needs a question", "write ```quiz <question>")
+            continue
+        answers = tuple(line.strip() for line in fence.content.split("\n") if line.strip())
+        yield Quiz(" ".join(fence.args), answers, fence.start, fence.end)

@@ -1,0 +1,10 @@
+"""The break-it machinery: how a test bends torch inside the ranks for one check, then puts it back.
+
+- `patches`: build a `Patch` from a recipe function (``wrapping(target, recipe)``), so a misspelt recipe is an
+  import error in the test, not a rank-side failure.
+- `sabotage`: generic factories (skip, return a value, raise, wrap).
+- `patching`: the rank-side application: the replacement reaches every module that holds the original.
+
+A guide's own recipes (the wrappers that bend exactly what its claims assert) live at the end of its module in
+`checks.guides`; its break-it tests live in ``tests/break_it/test_NN_<slug>.py``.
+"""

@@ -1,0 +1,148 @@
+"""Checks for guide 01, the step map: every FSDP1 hook of one training step, in order."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from checks.probes import assert_sequence, record_comm, record_events
+from checks.probes.timeline import lines, normalized
+from checks.ranks import tracing
+from checks.ranks.context import RankContext
+from checks.violation import require
+from checks.workloads.gpt import batch, fsdp1_gpt, units
+
+RU = "torch.distributed.fsdp._runtime_utils"
+FORWARD_REGISTRATION = (  # the hook registration helpers FSDP1's wrapper does not use
+    f"{RU}:_register_pre_forward_hook",
+    f"{RU}:_register_post_forward_hook",
+    f"{RU}:_register_root_pre_forward_hook",
+)
+FORWARD_DIRECT = (f"{RU}:_root_pre_forward", f"{RU}:_pre_forward", f"{RU}:_post_forward")
+
+
+def one_step_timeline(ctx: RankContext, expected: list[str]) -> list[str]:
+    """One forward and backward of the default wrap (FULL_SHARD, BACKWARD_PRE) matches the guide's timeline."""
+    model = fsdp1_gpt(ctx)
+    x, y = batch(ctx)
+    with record_events(model) as events:
+        _, loss = model(x, y)
+        loss.backward()
+    observed = lines(events)
+    assert_sequence(observed, normalized(expected), what=f"rank {ctx.rank}'s step timeline", reason="timeline-differs")
+    return observed
+
+
+def same_on_every_rank(ctx: RankContext) -> int:
+    """Every rank records the same events and issues the same collectives, in the same order."""
+    model = fsdp1_gpt(ctx)
+    x, y = batch(ctx)  # different rows on each rank: the schedule must not depend on the data
+    with record_comm() as comm, record_events(model) as events:
+        _, loss = model(x, y)
+        loss.backward()
+    require(len(events) > 0 and len(comm) > 0, "nothing-recorded", "nothing was recorded")
+    ctx.assert_same_on_all_ranks(events.keys(), "the FSDP event sequence")
+    ctx.assert_same_on_all_ranks(comm.keys(), "the collective sequence")
+    return len(events)
+
+
+def forward_hooks_are_calls_not_hooks(ctx: RankContext, torch_root: str | None = None) -> list[str]:
+    """The wrapper's forward calls the runtime functions itself; the forward registration helpers never run,
+    no FSDP unit carries a forward hook, and nothing in the installed torch calls those helpers."""
+    with tracing.watch(FORWARD_REGISTRATION + FORWARD_DIRECT) as seen:
+        model = fsdp1_gpt(ctx)
+        x, y = batch(ctx)
+        _, loss = model(x, y)
+        loss.backward()
+    ran = sorted(s.split(":")[1] for s in seen & set(FORWARD_REGISTRATION))
+    require(not ran, "registration-ran", f"forward hook registration ran: {ran}", ran=ran)
+    missing = sorted(s.split(":")[1] for s in set(FORWARD_DIRECT) - seen)
+    require(not missing, "direct-call-missing", f"the wrapper's forward did not call {missing}", missing=missing)
+    hooked = [
+        name
+        for name, module in units(model).items()
+        if module._forward_pre_hooks or module._forward_hooks or module._fsdp_wrapped_module._forward_pre_hooks
+    ]
+    require(not hooked, "unit-has-forward-hook", f"FSDP units with forward hooks: {hooked}", hooked=hooked)
+    # The source scan is the same on every rank: rank 0 does it.
+    names = [s.split(":")[1] for s in FORWARD_REGISTRATION]
+    callers = _callers(Path(torch_root or Path(torch.__file__).parent), names) if ctx.rank == 0 else []
+    message = "the installed torch calls the forward registration helpers:\n" + "\n".join(callers)
+    require(not callers, "registration-has-callers", message, callers=callers)
+    return [s.split(":")[1] for s in FORWARD_DIRECT]
+
+
+def _callers(root: Path, names: list[str]) -> list[str]:
+    """``file:line`` of every call of ``names`` in torch's Python files (definitions excluded)."""
+    call = re.compile(r"(?<![\w.])(?:\w+\.)*(" + "|".join(map(re.escape, names)) + r")\s*\(")
+    found = []
+    for path in root.rglob("*.py"):
+        text = path.read_text(errors="replace")
+        if not any(name in text for name in names):
+            continue
+        for number, line in enumerate(text.splitlines(), start=1):
+            if call.search(line) and not line.lstrip().startswith("def "):
+                found.append(f"{path.relative_to(root.parent)}:{number}: {line.strip()}")
+    return found
+
+
+def post_backward_hook_lives_one_iteration(ctx: RankContext) -> dict[str, list[bool]]:
+    """Each flat parameter's AccumulateGrad hook is registered by its first forward of an iteration and removed
+    by the final callback, so every iteration registers it again."""
+    model = fsdp1_gpt(ctx)
+    flat_params = {name: unit._handle.flat_param for name, unit in units(model).items()}
+    x, y = batch(ctx)
+    seen: dict[str, list[bool]] = {}
+
+    def expect(moment: str, registered: bool) -> None:
+        seen[moment] = [hasattr(fp, "_post_backward_hook_state") for fp in flat_params.values()]
+        wanted = [registered] * len(flat_params)
+        message = f"{moment}: post-backward hook registered on {list(flat_params)} = {seen[moment]}, expected {wanted}"
+        require(seen[moment] == wanted, "hook-lifetime", message, moment=moment, observed=seen[moment])
+
+    expect("constructed", registered=False)
+    for iteration in (1, 2):
+        _, loss = model(x, y)
+        expect(f"after forward {iteration}", registered=True)
+        loss.backward()
+        expect(f"after backward {iteration}", registered=False)
+    return seen
+
+
+# -- break-it recipes: this guide's behaviour bent on purpose (tests/break_it/ applies them) --------------
+
+
+def reshard_twice_on_rank_1(original: Any, state: Any, handle: Any) -> None:
+    """``_post_forward_reshard`` that, on rank 1 only, first keeps and then frees: the ranks' event sequences
+    differ while their collectives still match (a divergence that changes collectives would deadlock instead)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import _runtime_utils
+
+    if handle and dist.get_rank() == 1:
+        _runtime_utils._reshard(state, handle, False)
+    original(state, handle)
+
+
+def forward_registering_hooks(original: Any, module: Any, *args: Any, keep: bool = False, **kwargs: Any) -> Any:
+    """``FullyShardedDataParallel.forward`` that first calls the composable-path helper
+    ``_register_pre_forward_hook`` (and removes the hook again unless ``keep``)."""
+    from torch.distributed.fsdp import _runtime_utils
+
+    _runtime_utils._register_pre_forward_hook(module, module)
+    if not keep:
+        for handle in module._pre_forward_handles:
+            handle.remove()
+        module._pre_forward_handles.clear()
+    return original(module, *args, **kwargs)
+
+
+def finalize_keeping_hook_state(original: Any, state: Any) -> None:
+    """``_finalize_params`` that removes the hook but leaves ``_post_backward_hook_state`` behind."""
+    handle = state._handle
+    kept = getattr(handle.flat_param, "_post_backward_hook_state", None) if handle else None
+    original(state)
+    if kept is not None:
+        handle.flat_param._post_backward_hook_state = kept

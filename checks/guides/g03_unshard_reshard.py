@@ -1,0 +1,190 @@
+"""Checks for guide 03, unshard and reshard around forward."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.fsdp import ShardingStrategy
+from torch.distributed.fsdp import _runtime_utils as ru
+from torch.distributed.fsdp._limiter_utils import _FreeEventQueue
+
+from checks.models.rate_limiter import queue_calls
+from checks.naming import ROOT
+from checks.probes import assert_sequence, record_comm, record_events
+from checks.ranks.context import RankContext
+from checks.violation import require, require_equal
+from checks.workloads.gpt import batch, fsdp1_gpt, padded_sizes, units
+
+FREES_AFTER_FORWARD = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}  # the guide's table, by strategy
+
+
+def _unsharded_bytes(model: torch.nn.Module) -> dict[str, int]:
+    """Bytes held by each unit's padded unsharded flat parameter (0 once FSDP freed its storage)."""
+    return {
+        name: unit._handle.flat_param._full_param_padded.untyped_storage().nbytes()
+        for name, unit in units(model).items()
+    }
+
+
+def after_forward_storage(ctx: RankContext, strategy: str) -> dict[str, int]:
+    """After a forward, a non-root unit's unsharded storage is freed iff the strategy reshards after forward;
+    the root keeps its storage under every strategy."""
+    model = fsdp1_gpt(ctx, sharding_strategy=ShardingStrategy[strategy])
+    x, y = batch(ctx)
+    model(x, y)
+    held = _unsharded_bytes(model)
+    full = {name: 4 * numel for name, numel in padded_sizes(ctx.world_size, element_bytes=4).items()}
+    frees = FREES_AFTER_FORWARD[strategy]
+    expected = {name: 0 if frees and name != ROOT else full[name] for name in held}
+    require_equal(held, expected, reason="held-after-forward", what=f"{strategy}: unsharded bytes held after forward")
+    return held
+
+
+def shard_grad_op_gathers_only_in_forward(ctx: RankContext, steps: int = 2, use_orig_params: bool = True) -> list[int]:
+    """SHARD_GRAD_OP all-gathers every unit in forward and nothing in backward, every step."""
+    model = fsdp1_gpt(ctx, sharding_strategy=ShardingStrategy.SHARD_GRAD_OP, use_orig_params=use_orig_params)
+    n_units = len(units(model))
+    counts = []
+    for step in range(steps):
+        x, y = batch(ctx, step=step)
+        with record_comm() as comm:
+            _, loss = model(x, y)
+            loss.backward()
+        forward, backward = comm.count("all_gather", in_backward=False), comm.count("all_gather", in_backward=True)
+        require_equal(
+            {"forward": forward, "backward": backward},
+            {"forward": n_units, "backward": 0},
+            reason="all-gather-count",
+            what=f"step {step + 1}: SHARD_GRAD_OP all-gathers",
+            step=step + 1,
+        )
+        counts.append(forward)
+    return counts
+
+
+def one_all_gather_per_unit_per_forward(ctx: RankContext, steps: int = 2) -> list[list[int]]:
+    """Every forward (the first and the steady state) issues exactly one all-gather per unit, in forward order,
+    each of the unit's padded unsharded size."""
+    model = fsdp1_gpt(ctx)
+    observed = []
+    for step in range(steps):
+        x, y = batch(ctx, step=step)
+        with record_comm() as comm:
+            _, loss = model(x, y)
+        loss.backward()
+        # Forward order is unit order here (root's forward starts first, then each block); sizes from the
+        # layout model, not from FSDP's state.
+        expected = list(padded_sizes(ctx.world_size, element_bytes=4).values())
+        sizes = [c.numel for c in comm.select("all_gather")]
+        what = f"forward {step + 1}'s all-gather sizes (one per unit)"
+        assert_sequence(sizes, expected, what=what, reason="all-gather-sizes")
+        callers = sorted({c.caller.split(":")[1] for c in comm.select("all_gather")})
+        require_equal(callers, ["FlatParamHandle._all_gather_flat_param"], reason="all-gather-caller", what="callers")
+        observed.append(sizes)
+    return observed
+
+
+def reshard_clears_prefetched(ctx: RankContext) -> list[str]:
+    """``_reshard`` sets ``_prefetched = False`` whether it frees or keeps, on every unit."""
+    model = fsdp1_gpt(ctx)
+    x, y = batch(ctx)
+    _, loss = model(x, y)
+    loss.backward()  # every handle idle and resharded
+    cleared = []
+    for name, unit in units(model).items():
+        handle = unit._handle
+        for free in (False, True):
+            ru._unshard(unit, handle, unit._unshard_stream, unit._pre_unshard_stream)
+            handle._prefetched = True  # what _prefetch_handle leaves behind
+            ru._reshard(unit, handle, free)
+            message = f"{name}: _reshard(free={free}) left _prefetched={handle._prefetched}"
+            require(handle._prefetched is False, "prefetched-kept", message, unit=name, free=free)
+            cleared.append(f"{name} free={free}")
+    return cleared
+
+
+class _CountingQueue(_FreeEventQueue):
+    """FSDP's free-event queue, unchanged, that also writes down what each call saw."""
+
+    def __init__(self, pending: Any) -> None:
+        super().__init__()
+        self._queue = pending
+        self.calls: list[str] = []
+
+    def enqueue(self, free_event: Any) -> None:
+        super().enqueue(free_event)
+        self.calls.append(f"queue {len(self._queue)}")
+
+    def dequeue_if_needed(self) -> Any:
+        before = len(self._queue)
+        event = super().dequeue_if_needed()
+        self.calls.append(f"unshard {before} {'wait' if event is not None else 'go'}")
+        return event
+
+
+def rate_limiter_waits_as_the_rule_says(ctx: RankContext, limit_all_gathers: bool = True) -> list[str]:
+    """Over a steady-state step, the free-event queue's enqueues and waits are exactly what the rule predicts from
+    the step's own order of unshards and frees; without limit_all_gathers nothing is queued and nothing waits."""
+    model = fsdp1_gpt(ctx, limit_all_gathers=limit_all_gathers)
+    x, y = batch(ctx)
+    model(x, y)[1].backward()  # lazy init; the queue exists and holds what iteration 1 left
+    queue = _CountingQueue(units(model)[ROOT]._free_event_queue._queue)
+    for unit in units(model).values():
+        unit._free_event_queue = queue  # one queue for the tree, as lazy init shares it
+    pending = len(queue._queue)
+    with record_events(model) as events:
+        model(*batch(ctx, step=1))[1].backward()
+    kinds = [e.kind for e in events if e.kind in ("unshard", "prefetch", "free")]
+    limit = queue._max_num_inflight_all_gathers
+    # Without limit_all_gathers the queue is not consulted at all.
+    expected = queue_calls(kinds, pending, limit) if limit_all_gathers else []
+    what = f"free-event queue (limit_all_gathers={limit_all_gathers})"
+    assert_sequence(queue.calls, expected, what=what, reason="queue-differs")
+    if limit_all_gathers:
+        waits = any(c.endswith("wait") for c in expected)
+        require(waits, "limit-never-reached", "the step never reached the limit: nothing was tested")
+    return queue.calls
+
+
+# -- break-it recipes: this guide's behaviour bent on purpose (tests/break_it/ applies them) --------------
+
+
+def reshard_everything(original: Any, state: Any, handle: Any) -> None:
+    """``_post_forward_reshard`` that frees every unit, the root included."""
+    from torch.distributed.fsdp import _runtime_utils
+
+    if handle:
+        _runtime_utils._reshard(state, handle, True)
+
+
+def every_sharded_strategy(original: Any) -> tuple[Any, ...]:
+    """A RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES that also frees SHARD_GRAD_OP units after forward."""
+    from torch.distributed.fsdp._flat_param import HandleShardingStrategy
+
+    return (*original, HandleShardingStrategy.SHARD_GRAD_OP)
+
+
+def all_gather_twice(original: Any, handle: Any, padded_unsharded_flat_param: Any) -> Any:
+    """``FlatParamHandle._all_gather_flat_param`` that gathers the same shard twice."""
+    original(handle, padded_unsharded_flat_param)
+    return original(handle, padded_unsharded_flat_param)
+
+
+def reshard_keeping_prefetched(original: Any, state: Any, handle: Any, free_unsharded_flat_param: bool) -> None:
+    """``_reshard`` that restores the handle's ``_prefetched`` flag afterwards (the pre-2.2 behaviour, roughly)."""
+    prefetched = handle._prefetched
+    original(state, handle, free_unsharded_flat_param)
+    handle._prefetched = prefetched
+
+
+def dequeue_at_one(original: Any, queue: Any) -> Any:
+    """``_FreeEventQueue.dequeue_if_needed`` with a threshold of one pending free instead of two."""
+    return queue._dequeue() if queue._queue else None
+
+
+def unshard_consulting_the_queue(original: Any, state: Any, handle: Any, *args: Any) -> None:
+    """``_unshard`` that asks the free-event queue even when limit_all_gathers is off."""
+    if handle and not state.limit_all_gathers:
+        state._free_event_queue.dequeue_if_needed()
+    original(state, handle, *args)

@@ -1,0 +1,154 @@
+"""Checks for guide 04, forward prefetch: the order recorded in iteration 1, followed from iteration 2 on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import pairwise
+from typing import Any
+
+from torch import nn
+
+from checks.models.prefetch import forward_prefetches as model_forward_prefetches
+from checks.naming import ROOT
+from checks.probes import EventLog, clock, record_events
+from checks.ranks.context import RankContext
+from checks.violation import require, require_equal
+from checks.workloads.gpt import batch, fsdp1_gpt, units
+from mini_gpt import GPT
+
+
+class OrderedBlocks(nn.ModuleList):
+    """Blocks iterated in ``order`` when it is set; their module names stay ``blocks.0``, ``blocks.1``, ..."""
+
+    order: list[int] | None = None
+
+    def __iter__(self) -> Iterator[nn.Module]:
+        return iter([self[i] for i in self.order]) if self.order is not None else super().__iter__()
+
+
+class ReorderableGPT(GPT):
+    """mini_gpt whose forward runs its blocks in ``blocks.order``: a model whose forward order can change
+    between iterations, which the static-graph assumption of forward prefetch does not expect."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.blocks = OrderedBlocks(self.blocks)
+
+
+def forward_prefetches(events: EventLog, iteration: int) -> list[str]:
+    """``issuer -> target`` of the prefetches issued from pre-forward (training state FORWARD)."""
+    return [f"{e.unit} -> {e.target}" for e in events.select("prefetch", iteration=iteration) if e.state == "FORWARD"]
+
+
+def compute_order(marks: dict[str, list[int]], iteration: int) -> list[str]:
+    """Units in the order their own compute started in that iteration (one forward per iteration)."""
+    return sorted(marks, key=lambda name: marks[name][iteration - 1])
+
+
+def _compute_marks(model: nn.Module) -> dict[str, list[int]]:
+    """Clock ticks taken when each unit's own module starts computing (a pre-hook on the wrapped module runs
+    after FSDP's pre-forward, so it marks the start of compute)."""
+    marks: dict[str, list[int]] = {}
+    for name, fsdp_unit in units(model).items():
+
+        def mark(module: nn.Module, args: object, name: str = name) -> None:
+            marks.setdefault(name, []).append(clock.tick())
+
+        fsdp_unit._fsdp_wrapped_module.register_forward_pre_hook(mark)
+    return marks
+
+
+def no_prefetch_in_iteration_1(ctx: RankContext) -> list[str]:
+    model = fsdp1_gpt(ctx, forward_prefetch=True)
+    x, y = batch(ctx)
+    with record_events(model) as events:
+        for _ in range(2):
+            _, loss = model(x, y)
+            loss.backward()
+    first, second = forward_prefetches(events, 1), forward_prefetches(events, 2)
+    require(first == [], "prefetched-in-iteration-1", f"iteration 1 prefetched in forward: {first}", observed=first)
+    message = "iteration 2 did not prefetch in forward either: forward_prefetch is not active at all"
+    require(second, "never-prefetched", message)
+    return second
+
+
+def follows_iteration_1_order(ctx: RankContext, stated: list[str]) -> list[str]:
+    """From iteration 2, each unit's pre-forward prefetches the next unit of iteration 1's order (as the guide
+    states it), before the issuing unit's own compute; prefetched units are then not unsharded again."""
+    model = fsdp1_gpt(ctx, forward_prefetch=True)
+    marks = _compute_marks(model)
+    with record_events(model) as events:
+        for step in range(3):
+            _, loss = model(*batch(ctx, step=step))
+            loss.backward()
+    recorded = compute_order(marks, 1)
+    expected = [f"{a} -> {b}" for a, b in pairwise(recorded)]
+    stated_pairs = [" ".join(s.split()) for s in stated]
+    what = f"the prefetches iteration 1's forward order {recorded} gives, against the guide's"
+    require_equal(expected, stated_pairs, reason="order-differs-from-guide", what=what)
+    for iteration in (2, 3):
+        observed = forward_prefetches(events, iteration)
+        require_equal(observed, expected, reason="prefetch-order", what=f"iteration {iteration}'s prefetches")
+        for e in events.select("prefetch", iteration=iteration):
+            if e.state != "FORWARD":
+                continue
+            compute = marks[e.unit][iteration - 1]
+            message = f"iteration {iteration}: {e.unit}'s prefetch came after its compute started"
+            require(e.seq < compute, "prefetch-after-compute", message, unit=e.unit, iteration=iteration)
+        unsharded = [e.unit for e in events.select("unshard", iteration=iteration) if e.state == "FORWARD"]
+        what = f"iteration {iteration}: units unsharded by their own pre-forward"
+        require_equal(unsharded, [ROOT], reason="unsharded-again", what=what)
+    return expected
+
+
+def stale_order_after_change(ctx: RankContext) -> dict[str, list[str]]:
+    """Reverse the blocks after iteration 1: iteration 2 still prefetches by iteration 1's order."""
+    model = fsdp1_gpt(ctx, forward_prefetch=True, model_class=ReorderableGPT)
+    marks = _compute_marks(model)
+    inner = model._fsdp_wrapped_module
+    x, y = batch(ctx)
+    with record_events(model) as events:
+        for order in ([0, 1, 2], [2, 1, 0]):
+            inner.blocks.order = order
+            _, loss = model(x, y)
+            loss.backward()
+    recorded, used = compute_order(marks, 1), compute_order(marks, 2)
+    require_equal(used, [ROOT, "blocks.2", "blocks.1", "blocks.0"], reason="not-reversed", what="the reversed forward")
+    observed = forward_prefetches(events, 2)
+    static = model_forward_prefetches(recorded, used)
+    dynamic = [f"{a} -> {b}" for a, b in pairwise(used)]
+    require_equal(observed, static, reason="not-the-recorded-order", what="iteration 2's prefetches")
+    message = f"iteration 2 followed its own new order {dynamic}: the order is not static"
+    require(observed != dynamic, "followed-new-order", message, observed=observed)
+    return {"recorded": recorded, "used": used, "prefetched": observed}
+
+
+# -- break-it recipes: this guide's behaviour bent on purpose (tests/break_it/ applies them) --------------
+
+
+def forward_target_by_module_order(original: Any, eod: Any, current_handle: Any) -> Any:
+    """``get_handle_to_forward_prefetch`` that falls back to the next handle in module order when the recorded
+    order has none: a policy that could prefetch in iteration 1."""
+    found = original(eod, current_handle)
+    if found is None and current_handle._handle_index is not None:
+        following = eod.all_handles[current_handle._handle_index + 1 :]
+        return following[0] if following else None
+    return found
+
+
+def next_iter_forgetting_order(original: Any, eod: Any) -> None:
+    """``next_iter`` that also forgets the recorded pre-forward order, so every iteration records afresh."""
+    original(eod)
+    for handle in eod.handles_pre_forward_order:
+        handle._pre_forward_order_index = None
+    eod.handles_pre_forward_order.clear()
+    eod._iter = 0
+
+
+def prefetch_two_ahead(original: Any, eod: Any, current_handle: Any) -> Any:
+    """``get_handle_to_forward_prefetch`` with a limit of 2: the unit after next."""
+    eod._forward_prefetch_limit = 2
+    try:
+        return original(eod, current_handle)
+    finally:
+        eod._forward_prefetch_limit = 1

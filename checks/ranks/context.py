@@ -1,0 +1,50 @@
+"""What a check function receives on its rank."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from checks.violation import Violation
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """One rank's view of the process group a check runs on.
+
+    ``device`` is ``cpu`` under gloo and ``cuda:<local_rank>`` under nccl; build models and pass
+    ``device_id=ctx.device`` to FSDP so the same check runs on both.
+    """
+
+    rank: int
+    world_size: int
+    backend: str
+    device: torch.device
+    local_rank: int
+    seed: int
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order (an object all-gather on the world group)."""
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, value)
+        return out
+
+    def assert_same_on_all_ranks(self, value: Any, what: str) -> None:
+        """Fail on every rank, naming the ranks that differ, unless ``value`` is equal everywhere."""
+        values = self.gather(value)
+        differing = [r for r, v in enumerate(values) if v != values[0]]
+        if differing:
+            lines = "\n".join(f"  rank {r}: {v!r}" for r, v in enumerate(values))
+            raise Violation(
+                "differs-between-ranks",
+                f"{what} differs between ranks (rank 0 vs {differing}):\n{lines}",
+                what=what,
+                differing=differing,
+            )

@@ -1,0 +1,83 @@
+"""Run one `CheckRequest` on this rank: the code path shared by pool workers and torchrun ranks."""
+
+from __future__ import annotations
+
+import pickle
+import time
+import traceback
+from dataclasses import replace
+
+from checks.breakit import patching
+from checks.ranks import isolation, tracing
+from checks.ranks.context import RankContext
+from checks.ranks.protocol import CheckRequest, RankResult
+from checks.ranks.symbols import load
+from checks.violation import Violation
+
+
+def execute(request: CheckRequest, ctx: RankContext) -> RankResult:
+    ctx = replace(ctx, seed=request.seed)
+    state = isolation.snapshot()
+    groups_before = isolation.live_groups()
+    started = time.perf_counter()
+    executed: set[str] = set()
+    try:
+        isolation.reseed(request.seed)
+        check = load(request.target)
+        with patching.applied(request.patches), tracing.watch(request.trace) as seen:
+            try:
+                value = check(ctx, **request.kwargs)
+            finally:
+                executed = set(seen)
+        _ensure_picklable(value, request.target)
+        result = RankResult(rank=ctx.rank, ok=True, value=value)
+    except BaseException as exc:  # a check's SystemExit or KeyboardInterrupt is still its failure
+        result = _failed(ctx.rank, exc)
+    finally:
+        isolation.restore(state)
+    try:
+        isolation.destroy_groups_created_since(groups_before)
+        isolation.collect()
+    except Exception as exc:  # cleanup failing means the next check cannot trust this rank
+        result = _failed(ctx.rank, exc, prefix="cleanup after the check failed:\n")
+    result.executed = frozenset(executed)
+    result.duration = time.perf_counter() - started
+    return result
+
+
+def _ensure_picklable(value: object, target: str) -> None:
+    try:
+        pickle.dumps(value)
+    except Exception as exc:
+        raise TypeError(
+            f"{target} returned a {type(value).__name__} that cannot be sent back from the rank ({exc}); "
+            "return plain data (numbers, strings, lists, dicts, dataclasses), not tensors bound to a group "
+            "or modules"
+        ) from exc
+
+
+def _failed(rank: int, exc: BaseException, prefix: str = "") -> RankResult:
+    """A failed result with the exception rendered for people and described for programs."""
+    kind = type(exc)
+    details = getattr(exc, "details", None) if isinstance(exc, Violation) else None
+    return RankResult(
+        rank=rank,
+        ok=False,
+        error=prefix + "".join(traceback.format_exception(exc)),
+        error_type=f"{kind.__module__}.{kind.__qualname__}",
+        message=str(exc),
+        reason=exc.reason if isinstance(exc, Violation) and not prefix else None,
+        details=_plain(details) if details else None,
+    )
+
+
+def _plain(details: dict[str, object]) -> dict[str, object]:
+    """Details that survive the trip back: each value as it is if it pickles, else its repr."""
+    out: dict[str, object] = {}
+    for key, value in details.items():
+        try:
+            pickle.dumps(value)
+            out[key] = value
+        except Exception:
+            out[key] = repr(value)
+    return out

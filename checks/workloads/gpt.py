@@ -1,0 +1,70 @@
+"""mini_gpt wrapped the way the guides read it: each block its own FSDP1 unit, the whole model the root.
+
+With the `tiny` preset that is four units: ``root`` (token and position embeddings, the final LayerNorm and the
+tied head) and ``blocks.0``, ``blocks.1``, ``blocks.2``, named as everywhere (`checks.naming`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+from checks.naming import ROOT, unit_name
+from checks.ranks.context import RankContext
+from mini_gpt import GPT, BatchSampler, corpus_tokens, preset
+
+
+def fsdp1_gpt(
+    ctx: RankContext,
+    *,
+    preset_name: str = "tiny",
+    seed: int = 0,
+    block_kwargs: list[dict[str, Any]] | None = None,
+    model_class: type[GPT] = GPT,
+    **fsdp_kwargs: Any,
+) -> FSDP:
+    """Wrap each block, then the model. ``fsdp_kwargs`` go to every unit (``use_orig_params=True`` unless given);
+    ``block_kwargs[i]`` overrides them for block i (to build deliberately inconsistent units)."""
+    fsdp_kwargs.setdefault("use_orig_params", True)
+    model = model_class(preset(preset_name), seed=seed).to(ctx.device)
+    for i, block in enumerate(model.blocks):
+        overrides = block_kwargs[i] if block_kwargs else {}
+        model.blocks[i] = FSDP(block, device_id=ctx.device, **{**fsdp_kwargs, **overrides})
+    return FSDP(model, device_id=ctx.device, **fsdp_kwargs)
+
+
+def units(model: torch.nn.Module) -> dict[str, FSDP]:
+    """Every FSDP unit of ``model`` by name, outermost first (module order)."""
+    return {unit_name(path): m for path, m in model.named_modules() if isinstance(m, FSDP)}
+
+
+def batch(ctx: RankContext, step: int = 0, global_batch_size: int = 8, preset_name: str = "tiny") -> tuple:
+    """This rank's rows of the deterministic global batch ``step``."""
+    sampler = BatchSampler(corpus_tokens(), preset(preset_name).block_size, global_batch_size)
+    x, y = sampler.shard(step, ctx.rank, ctx.world_size)
+    return x.to(ctx.device), y.to(ctx.device)
+
+
+def unit_numels(preset_name: str = "tiny") -> dict[str, list[int]]:
+    """Parameter sizes per unit of mini_gpt wrapped as root + one unit per block, in registration order (the
+    order FSDP flattens them), root first; a tied weight counts once, in its first owner. The input the
+    flat-parameter model (`checks.models.flat_param`) turns into sizes."""
+    config = preset(preset_name)
+    blocks = [f"blocks.{i}" for i in range(config.n_layer)]
+    numels: dict[str, list[int]] = {ROOT: [], **{name: [] for name in blocks}}
+    with torch.device("meta"):
+        model = GPT(config)
+    for name, param in model.named_parameters():  # named_parameters() skips the tied duplicate
+        prefix = ".".join(name.split(".")[:2])
+        numels[prefix if prefix in numels else ROOT].append(param.numel())
+    return numels
+
+
+def padded_sizes(world_size: int, element_bytes: int, preset_name: str = "tiny") -> dict[str, int]:
+    """Padded unsharded flat-parameter sizes per unit, in unit order (root, blocks.0, ...), by the flat-parameter
+    model: the all-gather sizes of one forward."""
+    from checks.models.flat_param import padded_numel
+
+    return {name: padded_numel(numels, element_bytes, world_size) for name, numels in unit_numels(preset_name).items()}

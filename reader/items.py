@@ -1,0 +1,186 @@
+"""The pytest nodes of a guide: its file, one item per anchor (the drift gate), one per claim (the check).
+
+Items carry their specs (``item.guide``, ``item.anchor`` / ``item.claim``) and, after running, what they found
+(``AnchorItem.drift``, ``AnchorItem.approved``): the plugin's report hook reads them off the item. Ids come
+from anchor names and claim ids, never from line numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from reader.drift import Drift
+from reader.errors import GuideError
+from reader.evidence import UnresolvedAnchors, missing_evidence, traced_request
+from reader.failures import (
+    AnchorDrifted,
+    ClaimFailed,
+    DriftRepr,
+    ItemProblem,
+    blocked_claim,
+    claim_header,
+    malformed_lock,
+)
+from reader.guide import AnchorSpec, ClaimSpec, Guide
+from reader.lock import LockError
+from reader.parse import load_guide, looks_like_guide
+from reader.runner import RankPoolUnavailable
+from reader.session import session_of
+from reader.torch_source import SourceError
+from reader.workspace import NotApprovable, Workspace
+
+if TYPE_CHECKING:
+    from _pytest._code.code import TerminalRepr
+
+PREVIEW_SKIP = "--torch-source previews anchors only; claims run against the installed torch"
+
+
+def is_guide_file(path: Path, session: pytest.Session) -> bool:
+    """A guide under the readings directory, or one named on the command line."""
+    if path.suffix != ".md" or not looks_like_guide(path):
+        return False
+    readings_dir = session_of(session.config).options.readings_dir
+    inside = readings_dir == path.resolve().parent or readings_dir in path.resolve().parents
+    return inside or session.isinitpath(path)
+
+
+class GuideFile(pytest.File):
+    """A broken guide is a collection error naming file, line and fix (recorded, so the others still run)."""
+
+    def collect(self) -> Iterator[pytest.Item]:
+        reader = session_of(self.config)
+        try:
+            guide = load_guide(self.path, reader.resources.checks)
+            reader.findings.guides.add(guide)
+        except GuideError as exc:
+            rendered = exc.render(reader.display(self.path))
+            reader.findings.broken[self.nodeid] = rendered
+            raise self.CollectError(rendered) from None
+        for anchor in guide.anchors:
+            yield AnchorItem.from_parent(self, name=f"anchor[{anchor.name}]", guide=guide, anchor=anchor)
+        for claim in guide.claims:
+            yield ClaimItem.from_parent(self, name=f"claim[{claim.id}]", guide=guide, claim=claim)
+
+
+class GuideItem(pytest.Item):
+    """An item of a guide; failures point at its line in the guide (like pytest's doctest items)."""
+
+    guide: Guide
+    line: int
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        return self.path, self.line - 1, self.name
+
+    def where(self) -> str:
+        return f"{session_of(self.config).display(self.path)}:{self.line}"
+
+    def _workspace_or_fail(self) -> Workspace:
+        try:
+            workspace = session_of(self.config).resources.workspace()
+        except SourceError as exc:
+            raise ItemProblem(f"{self.where()}: cannot read torch's source: {exc}") from None
+        if not self.guide.applies_to(workspace.torch_version):
+            version = workspace.torch_version
+            pytest.skip(f"{self.guide.id} applies to torch {self.guide.torch}; this torch is {version}")
+        return workspace
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str | TerminalRepr:
+        if isinstance(excinfo.value, ItemProblem):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+
+class AnchorItem(GuideItem):
+    """Passes while the anchor's live source is the approved one (or only moved or cosmetically changed)."""
+
+    def __init__(self, *, guide: Guide, anchor: AnchorSpec, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.guide = guide
+        self.anchor = anchor
+        self.line = anchor.line
+        self.drift: Drift | None = None  # set by runtest
+        self.approved = False  # --approve recorded the anchor's current source
+
+    def runtest(self) -> None:
+        reader = session_of(self.config)
+        workspace = self._workspace_or_fail()
+        try:
+            workspace.lock  # noqa: B018 - load (and validate) the lock before comparing with it
+        except LockError as exc:
+            reader.findings.lock_error = exc
+            raise ItemProblem(malformed_lock(reader.display(exc.path), exc)) from None
+        if reader.options.approving(self.guide.id):
+            try:
+                approval = workspace.approve(self.guide, self.anchor)
+            except NotApprovable as exc:
+                self.drift = exc.drift
+                raise AnchorDrifted(exc.drift, approving=True) from None
+            self.drift = approval.drift
+            self.approved = True
+            self.user_properties.append(("approved", approval.drift.kind.value))
+            reader.findings.approve(self.guide, self.anchor, approval.drift)
+            return
+        drift = workspace.drift(self.guide, self.anchor)
+        self.drift = drift
+        self.user_properties.append(("drift", drift.kind.value))
+        if not drift.ok:
+            raise AnchorDrifted(drift, approving=False)
+
+    def repr_failure(  # type: ignore[override]
+        self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None
+    ) -> str | TerminalRepr | DriftRepr:
+        if isinstance(excinfo.value, AnchorDrifted):
+            display = session_of(self.config).display(self.path)
+            drifted = excinfo.value
+            return DriftRepr(self.where(), display, self.guide.id, self.anchor, drifted.drift, drifted.approving)
+        return super().repr_failure(excinfo, style=style)
+
+
+class ClaimItem(GuideItem):
+    """Runs the claim's check on the rank pool; passes only if it passed and some anchored torch code ran."""
+
+    def __init__(self, *, guide: Guide, claim: ClaimSpec, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.guide = guide
+        self.claim = claim
+        self.line = claim.line
+        self.add_marker(pytest.mark.world_size(claim.world_size))
+        for marker in claim.markers:
+            self.add_marker(getattr(pytest.mark, marker))
+
+    def runtest(self) -> None:
+        reader = session_of(self.config)
+        if reader.resources.preview is not None:
+            pytest.skip(PREVIEW_SKIP)
+        workspace = self._workspace_or_fail()
+        try:
+            request, resolutions = traced_request(workspace, self.guide, self.claim)
+        except UnresolvedAnchors as exc:
+            display = reader.display(self.path)
+            raise ClaimFailed(blocked_claim(self.where(), display, self.guide, self.claim, exc.failed)) from None
+        try:
+            outcome = reader.resources.runner().run(request)
+        except RankPoolUnavailable as exc:
+            raise ClaimFailed(self._header("cannot run") + f"\n{exc}") from None
+        if outcome.skipped:
+            pytest.skip(outcome.skipped)
+        executed = frozenset(outcome.executed or ())
+        self.user_properties.append(("executed", sorted(executed)))
+        if not outcome.ok:
+            raise ClaimFailed(self._header("failed") + "\n" + (outcome.failure or "the check failed without a report"))
+        missing = missing_evidence(self.claim, self.guide, resolutions, executed)
+        if missing:
+            raise ClaimFailed(self._header("failed") + "\n" + missing)
+
+    def _header(self, verb: str) -> str:
+        return claim_header(self.where(), self.claim, verb)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str | TerminalRepr:
+        if isinstance(excinfo.value, ClaimFailed):
+            return str(excinfo.value)
+        header = self._header("raised while running its check")
+        return header + "\n" + str(super().repr_failure(excinfo, style=style))

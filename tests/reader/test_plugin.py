@@ -1,0 +1,443 @@
+"""The pytest plugin end to end (pytester, in process): ids, drift gate, approval, claims, exit codes,
+reports.
+
+The "installed" torch is a synthetic tree (``installed_tree``), and claims go to a fake runner supplied
+through the ``pytest_reader_check_runner`` hook; its behaviour is chosen per claim by the ``fake`` kwarg, and
+every request it receives is appended to ``requests.jsonl`` for the assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from checks.ranks.protocol import CheckRequest, Patch
+from tests.reader.reader_support import LIMIT_ANCHOR, PREFETCH_ANCHOR, UNSHARD_ANCHOR, TorchTree, guide
+
+RUNTIME = "torch/distributed/fsdp/_runtime_utils.py"
+GUIDE = "readings/04-forward-prefetch.md"
+
+FAKE_RUNNER = """
+import json
+import pickle
+
+from checks.ranks.protocol import CheckRun, RankResult
+
+FAILURE = "rank 1 raised AssertionError: prefetch order was [2, 1]"
+
+
+class FakeRunner:
+    def run(self, request):
+        with open("requests.jsonl", "a") as log:
+            log.write(json.dumps({"target": request.target, "kwargs": dict(request.kwargs),
+                                  "world_size": request.world_size, "trace": list(request.trace),
+                                  "timeout": request.timeout}) + "\\n")
+        with open("requests.pickle", "ab") as sent:
+            pickle.dump(request, sent)
+        ranks = range(request.world_size)
+        mode = request.kwargs.get("fake", "ok")
+        if mode == "skip":
+            return CheckRun(request, [], skipped="needs 2 CUDA devices")
+        if mode == "fail":
+            return CheckRun(request, [_failed(rank, request) if rank == 1 else _passed(rank) for rank in ranks],
+                            failure=FAILURE)
+        if mode == "no-evidence":
+            return CheckRun(request, [_passed(rank) for rank in ranks])
+        # Only rank 0 runs the last traced symbol: evidence is the union over ranks.
+        return CheckRun(request, [_passed(rank, request.trace[-1:] if rank == 0 else ()) for rank in ranks])
+
+
+def _passed(rank, executed=()):
+    return RankResult(rank, ok=True, value=rank, executed=frozenset(executed))
+
+
+def _failed(rank, request):
+    message = "prefetch order was [2, 1]"
+    return RankResult(
+        rank, ok=False, executed=frozenset(request.trace),
+        error=f"Traceback (most recent call last):\\n  ...\\nAssertionError: {message}\\n",
+        error_type="builtins.AssertionError", message=message,
+        reason="prefetch-order", details={"expected": [1, 2], "actual": [2, 1]},
+    )
+
+
+def pytest_reader_check_runner(config):
+    return FakeRunner()
+"""
+
+CLAIMS = """
+[[claims]]
+id = "forward-order"
+statement = "Forward prefetch follows the order recorded in iteration 1."
+check = "fakechecks.prefetch:forward_order"
+world_size = 2
+markers = ["slow"]
+kwargs = { fake = "ok" }
+
+[[claims]]
+id = "no-prefetch"
+statement = "Without forward_prefetch nothing is prefetched in forward."
+check = "fakechecks.prefetch:forward_order"
+world_size = 4
+timeout = 30
+kwargs = { fake = "ok" }
+"""
+
+BODY = """
+# Forward prefetch
+
+```source prefetch
+note "handle._prefetched = True": marks the handle.
+```
+"""
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester, installed_tree: TorchTree) -> pytest.Pytester:
+    # hypothesis's pytest plugin slows every in-process run and is not needed inside these sessions.
+    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider -p no:hypothesispytest -p reader.plugin\n")
+    pytester.makeconftest(FAKE_RUNNER)
+    pytester.mkpydir("fakechecks")
+    (pytester.path / "fakechecks" / "prefetch.py").write_text("def forward_order(**kwargs):\n    pass\n")
+    pytester.syspathinsert()
+    return pytester
+
+
+def write_guide(project: pytest.Pytester, text: str, path: str = GUIDE) -> Path:
+    target = project.path / path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    return target
+
+
+def requests(project: pytest.Pytester) -> list[dict]:
+    log = project.path / "requests.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_items_have_stable_ids_and_start_unapproved(project: pytest.Pytester):
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR + UNSHARD_ANCHOR, claims=CLAIMS, body=BODY))
+    collected = project.runpytest("readings", "--collect-only", "-q")
+    collected.stdout.fnmatch_lines(
+        [
+            f"{GUIDE}::anchor[prefetch]",
+            f"{GUIDE}::anchor[unshard]",
+            f"{GUIDE}::claim[forward-order]",
+            f"{GUIDE}::claim[no-prefetch]",
+        ]
+    )
+    result = project.runpytest("readings")
+    assert result.ret == 1
+    result.assert_outcomes(failed=2, passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            f"{GUIDE}:8: anchor `prefetch` (torch.distributed.fsdp._runtime_utils:_prefetch_handle) drifted: "
+            "not yet approved",
+            f"  current:  {project.path.parent}/*/site-packages/{RUNTIME}:17-29",
+            "  read the guide against this source, then approve it:",
+            f"    pytest {GUIDE} --approve=04-forward-prefetch",
+            "    fsdp-readings approve 04-forward-prefetch",
+        ]
+    )
+
+
+def test_approve_round_trip(project: pytest.Pytester, installed_tree: TorchTree):
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR + UNSHARD_ANCHOR, body=BODY))
+    approved = project.runpytest("readings", "--approve")
+    assert approved.ret == 0
+    approved.stdout.fnmatch_lines(
+        ["approved into readings/anchors.lock:", "  04-forward-prefetch/prefetch (was: not yet approved)"]
+    )
+    lock = project.path / "readings" / "anchors.lock"
+    first = lock.read_bytes()
+    assert project.runpytest("readings").ret == 0
+
+    # A code change fails the anchor with a readable diff, both locations and the approve command.
+    installed_tree.edit(RUNTIME, "handle._prefetched = True", "handle._prefetched = prefetch_mode is not None")
+    changed = project.runpytest("readings")
+    assert changed.ret == 1
+    changed.assert_outcomes(failed=1, passed=1)
+    changed.stdout.fnmatch_lines(
+        [
+            "*anchor `prefetch`*drifted: code changed",
+            "  the code changed",
+            f"  approved: {RUNTIME}:17-29 (torch 2.13.0+cpu)",
+            f"  current:  */site-packages/{RUNTIME}:17-29",
+            f"--- approved {RUNTIME}:17-29 (torch 2.13.0+cpu)",
+            f"+++ current  {RUNTIME}:17-29 (torch 2.13.0+cpu)",
+            "@@ -26,4 +26,4 @@",
+            "-    handle._prefetched = True",
+            "+    handle._prefetched = prefetch_mode is not None",
+            "  re-read the guide against the new source, then approve it:",
+            f"    pytest {GUIDE} --approve=04-forward-prefetch",
+        ]
+    )
+    assert "Traceback" not in changed.stdout.str()
+    assert lock.read_bytes() == first  # failing never writes the lock
+
+    # Only comments changed (after reverting the code): passes, with a note.
+    installed_tree.edit(RUNTIME, "handle._prefetched = prefetch_mode is not None", "handle._prefetched = True")
+    installed_tree.edit(RUNTIME, "# Prefetch is issued from the hooks, never from user code.", "# Reworded.")
+    cosmetic = project.runpytest("readings")
+    assert cosmetic.ret == 0
+    cosmetic.stdout.fnmatch_lines(
+        ["notes (passing; approve to record them):", "  04-forward-prefetch/prefetch: cosmetic — *"]
+    )
+
+    # Approving records the new text and clears the note.
+    assert project.runpytest("readings", "--approve=04-forward-prefetch").ret == 0
+    assert b"# Reworded." in lock.read_bytes()
+    clean = project.runpytest("readings")
+    assert clean.ret == 0 and "notes (passing" not in clean.stdout.str()
+
+
+def test_claims_go_to_the_runner_with_trace_symbols_and_markers(project: pytest.Pytester):
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR + LIMIT_ANCHOR + UNSHARD_ANCHOR, claims=CLAIMS))
+    result = project.runpytest("readings", "-k", "claim")
+    result.assert_outcomes(passed=2, deselected=3)
+    first, second = requests(project)
+    assert first == {
+        "target": "fakechecks.prefetch:forward_order",
+        "kwargs": {"fake": "ok"},
+        "world_size": 2,
+        "timeout": None,
+        "trace": [
+            "torch.distributed.fsdp._runtime_utils:_prefetch_handle",
+            "torch.distributed.fsdp._flat_param:FlatParamHandle.unshard",
+        ],
+    }
+    assert (second["world_size"], second["timeout"]) == (4, 30.0)  # the assignment anchor is never traced
+    assert project.runpytest("readings", "-m", "not slow", "-k", "claim").parseoutcomes() == {
+        "passed": 1,
+        "deselected": 4,
+    }
+    assert project.runpytest("readings", "-m", "world_size", "-k", "claim").parseoutcomes()["passed"] == 2
+    assert project.runpytest("readings", "-k", "forward-order").parseoutcomes() == {
+        "passed": 1,
+        "deselected": 4,
+    }
+
+
+PATCH = Patch("torch.distributed.fsdp._runtime_utils:_prefetch_handle", "fakechecks.prefetch:forward_order")
+
+REQUEST_PATH_TEST = f"""
+import pickle
+from pathlib import Path
+
+from checks.ranks.protocol import Patch
+from reader.parse import load_guide
+from reader.plugin import claim_request
+
+
+def test_build(pytestconfig):
+    guide = load_guide(Path("{GUIDE}"))
+    built = [claim_request(pytestconfig, guide, claim) for claim in guide.claims]
+    patch = Patch({PATCH.target!r}, {PATCH.factory!r})
+    built.append(claim_request(pytestconfig, guide, guide.claims[0], patches=(patch,), fake="fail"))
+    Path("built.pickle").write_bytes(pickle.dumps(built))
+"""
+
+
+def sent_requests(project: pytest.Pytester) -> list[CheckRequest]:
+    found = []
+    with (project.path / "requests.pickle").open("rb") as sent:
+        while sent.peek(1):
+            found.append(pickle.load(sent))
+    return found
+
+
+def test_claim_request_builds_the_request_the_item_sends(project: pytest.Pytester):
+    """One request path: break-it tests (through `claim_request`) and claim items send the same request."""
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR + LIMIT_ANCHOR + UNSHARD_ANCHOR, claims=CLAIMS))
+    project.makepyfile(test_request_path=REQUEST_PATH_TEST)
+    result = project.runpytest("readings", "test_request_path.py", "-k", "claim or build")
+    result.assert_outcomes(passed=3, deselected=3)
+    sent = sent_requests(project)
+    *built, patched = pickle.loads((project.path / "built.pickle").read_bytes())
+    assert [type(r) for r in sent] == [CheckRequest, CheckRequest]
+    assert built == sent
+    assert sent[0].trace == (
+        "torch.distributed.fsdp._runtime_utils:_prefetch_handle",
+        "torch.distributed.fsdp._flat_param:FlatParamHandle.unshard",
+    )
+    assert patched == replace(sent[0], kwargs={"fake": "fail"}, patches=(PATCH,))
+
+
+def test_failed_check_points_at_the_claim_line(project: pytest.Pytester):
+    write_guide(
+        project,
+        guide(anchors=PREFETCH_ANCHOR, claims=CLAIMS.replace('fake = "ok" }\n\n', 'fake = "fail" }\n\n', 1)),
+    )
+    result = project.runpytest("readings", "-k", "forward-order")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(
+        [
+            f"{GUIDE}:12: claim `forward-order` failed",
+            "  statement: Forward prefetch follows the order recorded in iteration 1.",
+            "  check:     fakechecks.prefetch:forward_order(fake='fail') on 2 rank(s)",
+            "rank 1 raised AssertionError: prefetch order was [2, 1]",
+        ]
+    )
+
+
+def test_a_check_that_never_runs_the_anchored_code_fails(project: pytest.Pytester):
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR, claims=CLAIMS.replace('"ok"', '"no-evidence"')))
+    result = project.runpytest("readings", "-k", "claim")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "this check never ran the code its guide reads.",
+            "None of these executed on any rank:",
+            "  - prefetch: torch.distributed.fsdp._runtime_utils:_prefetch_handle",
+        ]
+    )
+
+
+def test_evidence_narrows_what_counts(project: pytest.Pytester):
+    claims = CLAIMS.replace('markers = ["slow"]', 'markers = ["slow"]\nevidence = ["prefetch"]')
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR + UNSHARD_ANCHOR, claims=claims))
+    result = project.runpytest("readings", "-k", "claim")
+    # The fake reports only the last traced symbol (unshard) as executed: enough for the claim without
+    # `evidence`, not for the one whose evidence is `prefetch`.
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*claim `forward-order` failed", "this check never ran the code its guide reads."])
+
+
+def test_pool_skips_propagate(project: pytest.Pytester):
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR, claims=CLAIMS.replace('"ok"', '"skip"')))
+    result = project.runpytest("readings", "-k", "claim", "-rs")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["SKIPPED * needs 2 CUDA devices"])
+
+
+def test_removed_anchor_fails_its_claims_without_a_traceback(project: pytest.Pytester):
+    anchors = PREFETCH_ANCHOR.replace("_prefetch_handle", "_prefetch_handels")
+    write_guide(project, guide(anchors=anchors, claims=CLAIMS))
+    result = project.runpytest("readings")
+    result.assert_outcomes(failed=3)
+    result.stdout.fnmatch_lines(
+        [
+            f"{GUIDE}:12: claim `forward-order` cannot run: the guide's anchors do not resolve in this torch",
+            f"  anchor `prefetch` ({GUIDE}:8) removed: "
+            "torch.distributed.fsdp._runtime_utils has no `_prefetch_handels`",
+            "    hint: nearest names in torch.distributed.fsdp._runtime_utils: `_prefetch_handle` (line 18)*",
+        ]
+    )
+    assert "Traceback" not in result.stdout.str() and requests(project) == []
+
+
+def test_broken_guides_are_collection_errors_and_the_rest_still_run(project: pytest.Pytester):
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR))
+    write_guide(
+        project,
+        guide("05-broken", anchors=PREFETCH_ANCHOR.replace('"prefetch"', "prefetch")),
+        "readings/05-broken.md",
+    )
+    write_guide(project, guide(anchors=UNSHARD_ANCHOR), "readings/06-duplicate-id.md")
+    write_guide(project, "# a guide-numbered file without front matter\n", "readings/07-no-front-matter.md")
+    write_guide(project, "# Readings\n\nAn index page, not a guide.\n", "readings/README.md")
+    assert project.runpytest("readings", "--approve=04-forward-prefetch").ret == 2  # the others are still broken
+    result = project.runpytest("readings")
+    assert result.ret == 2
+    result.assert_outcomes(passed=1, errors=3)
+    result.stdout.fnmatch_lines_random(
+        [
+            "*ERROR collecting readings/05-broken.md*",
+            "readings/05-broken.md:9: malformed TOML front matter: Invalid value*",
+            "    fix: fix the TOML near this line*",
+            "readings/06-duplicate-id.md:2: duplicate guide id `04-forward-prefetch`, "
+            "also used by *04-forward-prefetch.md",
+            "readings/07-no-front-matter.md:1: no TOML front matter",
+            "broken input (exit code 2): 3",
+        ]
+    )
+
+
+def test_broken_python_tests_still_interrupt_the_session(project: pytest.Pytester):
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR))
+    project.makepyfile(test_broken="def test_x(:\n    pass\n")
+    result = project.runpytest("readings", "test_broken.py")
+    result.stdout.fnmatch_lines(["*Interrupted: 1 error during collection*"])
+    result.assert_outcomes(errors=1)
+
+
+def test_preview_a_wheel_and_write_a_drift_report(project: pytest.Pytester, installed_tree: TorchTree, tmp_path: Path):
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR + UNSHARD_ANCHOR + LIMIT_ANCHOR, claims=CLAIMS))
+    assert project.runpytest("readings", "--approve", "-k", "anchor").ret == 0
+    installed_tree.edit(RUNTIME, "handle._prefetched = True", "handle._prefetched = False")
+    installed_tree.edit(RUNTIME, "_PREFETCH_LIMIT: int = 2", "_PREFETCH_LIMIT: int = 2  # tuned")
+    installed_tree.set_version("2.14.0", git="f" * 40)
+    wheel = installed_tree.wheel(tmp_path / "torch-2.14.0-cp311-cp311-linux_x86_64.whl")
+    installed_tree.edit(RUNTIME, "handle._prefetched = False", "handle._prefetched = True")  # installed = approved
+    result = project.runpytest("readings", "--torch-source", str(wheel), "--drift-report", "drift.json", "-rs")
+    assert result.ret == 1
+    result.assert_outcomes(passed=2, failed=1, skipped=2)
+    result.stdout.fnmatch_lines_random(
+        [
+            "SKIPPED * --torch-source previews anchors only; claims run against the installed torch",
+            f"  current:  {wheel}!/{RUNTIME}:17-29",
+            "torch 2.14.0 (git ffffffffffff) · wheel at *",
+            "drift report: drift.json, drift.md",
+        ]
+    )
+    report = json.loads((project.path / "drift.json").read_text())
+    assert report["torch"] == {"version": "2.14.0", "git_version": "f" * 40, "source": f"wheel at {wheel}"}
+    assert report["exit_code"] == 1
+    anchors = {a["name"]: a for a in report["guides"][0]["anchors"]}
+    assert (
+        anchors["prefetch"]["drift"] == "code changed"
+        and "+    handle._prefetched = False" in anchors["prefetch"]["diff"]
+    )
+    assert anchors["prefetch"]["approve"] == [
+        f"pytest {GUIDE} --approve=04-forward-prefetch",
+        "fsdp-readings approve 04-forward-prefetch",
+    ]
+    assert anchors["limit"]["drift"] == "cosmetic" and anchors["unshard"]["drift"] == "unchanged"
+    markdown = (project.path / "drift.md").read_text()
+    assert "## fsdp-readings: drift or failed claims" in markdown
+    assert "### `04-forward-prefetch` · anchor `prefetch`: code changed" in markdown and "```diff" in markdown
+    assert "- `04-forward-prefetch/limit`: cosmetic" in markdown
+
+
+def test_guides_for_other_torch_versions_are_skipped(project: pytest.Pytester):
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR, claims=CLAIMS, torch=">=3.0"))
+    result = project.runpytest("readings", "-rs")
+    result.assert_outcomes(skipped=3)
+    result.stdout.fnmatch_lines(["SKIPPED * 04-forward-prefetch applies to torch >=3.0; this torch is 2.13.0+cpu"])
+
+
+def test_approve_option_mistakes(project: pytest.Pytester):
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR))
+    swallowed = project.runpytest("--approve", "readings")
+    assert swallowed.ret == pytest.ExitCode.USAGE_ERROR
+    swallowed.stderr.fnmatch_lines(["*--approve took `readings` as a guide id. Put paths before --approve*"])
+    unknown = project.runpytest("readings", "--approve=04-forward-prefetc")
+    assert unknown.ret == 2
+    unknown.stdout.fnmatch_lines(["--approve=04-forward-prefetc: no collected guide has this id*"])
+    assert not (project.path / "readings" / "anchors.lock").exists()
+
+
+def test_malformed_lock_is_broken_input(project: pytest.Pytester):
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR))
+    (project.path / "readings" / "anchors.lock").write_text("{ not json")
+    result = project.runpytest("readings")
+    assert result.ret == 2
+    result.stdout.fnmatch_lines(["readings/anchors.lock:1: malformed lock: not valid JSON*"])
+
+
+def test_pattern_lost_in_a_note_points_at_the_note(project: pytest.Pytester, installed_tree: TorchTree):
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR, body=BODY))
+    assert project.runpytest("readings", "--approve").ret == 0
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR, body=BODY.replace("handle._prefetched", "handle.prefetched")))
+    result = project.runpytest("readings")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(
+        [
+            "*drifted: pattern lost",
+            f"  {GUIDE}:15: note pattern `handle.prefetched = True` matches nowhere in `prefetch`*",
+        ]
+    )
