@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -21,7 +22,7 @@ from reader.drift import DriftKind
 from reader.errors import GuideError
 from reader.guide import Guide
 from reader.lock import LockError
-from reader.render import render_guide
+from reader.render import print_guide
 from reader.report import (
     AnchorRow,
     SessionReport,
@@ -227,8 +228,7 @@ def _run_show(args: argparse.Namespace, console: Console) -> int:
     if isinstance(session, int):
         return session
     for guide in sorted(session.guides, key=lambda g: (g.order, g.id)):
-        for renderable in render_guide(guide, session.workspace):
-            console.print(renderable)
+        print_guide(console, guide, session.workspace)
     return BROKEN if session.broken else CLEAN
 
 
@@ -272,10 +272,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def make_console(**options: Any) -> Console:
+    """The console every command prints to (``options`` override, e.g. a file and a width in tests).
+    soft_wrap: long paths and commands are printed whole, for copy-paste and CI logs; ``show`` prints its
+    guide word-wrapped regardless (`reader.render.print_guide`). Not a terminal (piped, redirected): no
+    colour and no escape codes, at the width in ``$COLUMNS`` or 80."""
+    return Console(**{"highlight": False, "soft_wrap": True, **options})
+
+
+def main(argv: Sequence[str] | None = None, console: Console | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # soft_wrap: long paths and commands are printed whole, for copy-paste and CI logs.
-    return int(args.run(args, Console(highlight=False, soft_wrap=True)))
+    return int(args.run(args, console if console is not None else make_console()))
 
 
 if __name__ == "__main__":

@@ -3,25 +3,39 @@ torch code it names (syntax-highlighted, with torch's own line numbers) and its 
 each ``expect`` block shown as the data its claims check, and any other region (a fence kind registered
 outside the reader's core) as its Markdown source, verbatim.
 
-Small renderables composed by `render_guide`; nothing here prints.
+Small renderables composed by `render_guide`; `print_guide` is how ``fsdp-readings show`` prints them. Everything
+wraps at the console's width (prose at word boundaries, long code lines onto continuation lines under a blank
+line number), so nothing runs past the edge and nothing is cropped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.markdown import Markdown
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from reader.anchors import AnchorError
-from reader.guide import ExpectBlock, Guide, Prose, SourceBlock, block_reference
+from reader.anchors import AnchorError, NoteMatch, Resolution
+from reader.guide import ExpectBlock, Guide, Note, Prose, SourceBlock, block_reference
+from reader.patterns import find
 from reader.workspace import Workspace
 
 _OK_DRIFT = {"unchanged", "moved", "cosmetic"}
+_CODE_THEME = "ansi_dark"
+
+
+def print_guide(console: Console, guide: Guide, workspace: Workspace) -> None:
+    """Print a guide the way ``show`` does. Always word-wrapped at the console's width, even on a console
+    whose default is soft wrapping (the CLI's, for long paths in other commands): soft-wrapped prose breaks
+    mid-word wherever the terminal folds it, and anything inside a panel or list is cropped at the edge."""
+    for renderable in render_guide(guide, workspace):
+        console.print(renderable, soft_wrap=False)
 
 
 def render_guide(guide: Guide, workspace: Workspace) -> Iterator[RenderableType]:
@@ -36,7 +50,7 @@ def render_guide(guide: Guide, workspace: Workspace) -> Iterator[RenderableType]
             yield expect_panel(guide, region)
         else:  # a region of a fence kind registered elsewhere (reader.body): its Markdown, verbatim
             yield Text(guide.raw(region))
-    yield claims_table(guide)
+    yield claims_table(guide, workspace.display(guide.path))
 
 
 def _header(guide: Guide, workspace: Workspace) -> RenderableType:
@@ -45,43 +59,136 @@ def _header(guide: Guide, workspace: Workspace) -> RenderableType:
     return Panel(title, border_style="cyan")
 
 
+@dataclass(frozen=True)
+class PinnedNote:
+    """A note with where it landed: ``match.line`` is the file line its pattern starts on (what the label cites
+    and the quote marks), ``after`` the line the note is shown under (see `pin_notes`)."""
+
+    note: Note
+    match: NoteMatch
+    after: int
+
+    @property
+    def pinned(self) -> bool:
+        return self.match.count == 1
+
+    @property
+    def label(self) -> str:
+        if self.pinned:
+            return f"L{self.match.line} ▸"
+        return "not found ▸" if self.match.count == 0 else f"×{self.match.count} ▸"
+
+
+def pin_notes(block: SourceBlock, found: Resolution, matches: Sequence[NoteMatch]) -> list[PinnedNote]:
+    """The block's notes in the order they are shown: pinned ones by line (ties in note order), each placed
+    after the last line its pattern covers, but never before a note of an earlier line (so the notes read in
+    line order even when a multi-line match encloses the next note's line); then, in note order, the ones
+    that land nowhere or in several places."""
+    pinned: list[tuple[int, int, Note, NoteMatch, int]] = []
+    lost: list[PinnedNote] = []
+    for index, (note, match) in enumerate(zip(block.notes, matches, strict=True)):
+        if match.count != 1:
+            lost.append(PinnedNote(note, match, found.end))
+            continue
+        (only,) = find(found.text, note.pattern)
+        pinned.append((match.line, index, note, match, found.start + only.end[0] - 1))
+    shown: list[PinnedNote] = []
+    after = found.start
+    for line, _, note, match, last in sorted(pinned, key=lambda p: (p[0], p[1])):
+        after = min(max(after, line, last), found.end)
+        shown.append(PinnedNote(note, match, after))
+    return shown + lost
+
+
 def source_panel(guide: Guide, block: SourceBlock, workspace: Workspace) -> RenderableType:
-    """The anchor's live code with its notes: the heart of a reading guide."""
+    """The anchor's live code with its notes: the heart of a reading guide. The quote is cut after each line a
+    note pins and the note is shown right there, so notes read in line order next to their code."""
     anchor = guide.anchor(block.anchor)
     found = workspace.current(anchor)
     if isinstance(found, AnchorError):
-        body = Text(found.render(), style="red")
-        return Panel(body, title=f"{anchor.name} · {anchor.symbol}", border_style="red")
+        body = Text(f"{anchor.symbol}\n{found.render()}", style="red")
+        return Panel(body, title=Text(anchor.name, style="bold"), border_style="red", title_align="left")
     matches = workspace.resolver.notes(found, [note.pattern for note in block.notes])
-    note_lines = {match.line for match in matches if match.count == 1}
-    code = Syntax(
-        found.text,
-        "python",
-        line_numbers=True,
-        start_line=found.start,
-        highlight_lines=note_lines,
-        word_wrap=False,
-        theme="ansi_dark",
-    )
+    notes = pin_notes(block, found, matches)
+    highlighted = {p.match.line for p in notes if p.pinned}
+    code = _code(found)
+
+    parts: list[RenderableType] = []
+    first = found.start
+    for after in sorted({p.after for p in notes if p.pinned}):
+        parts.append(_lines(code, found, first, after, highlighted))
+        parts.append(notes_table([p for p in notes if p.pinned and p.after == after]))
+        first = after + 1
+    if first <= found.end:
+        parts.append(_lines(code, found, first, found.end, highlighted))
+    lost = [p for p in notes if not p.pinned]
+    if lost:
+        parts.append(notes_table(lost))
+
     drift = workspace.drift(guide, anchor)
     status = drift.kind.value
     style = "green" if status in _OK_DRIFT else "yellow"
-    title = Text.assemble((anchor.name, "bold"), f" · {found.display_path}:{found.start}-{found.end}")
-    subtitle = Text(f"{anchor.symbol} · {status}", style=style)
-    parts: list[RenderableType] = [code]
-    if block.notes:
-        parts.append(notes_table(block, matches))
-    return Panel(Group(*parts), title=title, subtitle=subtitle, border_style=style, title_align="left")
+    return SourcePanel(anchor.name, found.span(), anchor.qualname or anchor.symbol, status, style, parts)
 
 
-def notes_table(block: SourceBlock, matches: list) -> Table:
+@dataclass(frozen=True)
+class SourcePanel:
+    """A quote's panel, titled ``<anchor> · torch/distributed/fsdp/<file>.py:<first>-<last>`` (relative to
+    the directory holding torch/: an absolute venv path pushed the file name and the lines off the title)
+    and subtitled ``<qualified name> · <drift status>`` (the module is in the path). What does not fit on the
+    border at the width it is drawn at moves to a line of its own at the top, where it wraps: a panel's
+    border is cropped, never wrapped."""
+
+    name: str
+    location: str
+    qualname: str
+    status: str
+    style: str
+    parts: list[RenderableType]
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        room = options.max_width - 6  # the corners, a rule character each side, a space around the title
+        title = Text.assemble((self.name, "bold"), f" · {self.location}")
+        subtitle = Text(f"{self.qualname} · {self.status}", style=self.style)
+        moved = []
+        if title.cell_len > room:
+            title, moved = Text(self.name, style="bold"), [self.location]
+        if subtitle.cell_len > room:
+            subtitle = Text(self.status, style=self.style)
+            moved.append(self.qualname)
+        parts = [Text(" · ".join(moved), style="dim"), *self.parts] if moved else self.parts
+        yield Panel(Group(*parts), title=title, subtitle=subtitle, border_style=self.style, title_align="left")
+
+
+def _code(found: Resolution) -> str:
+    # A resolution's text ends with one newline; given to Syntax it would show as an extra blank line numbered
+    # one past the anchor's end (where the file may well hold code).
+    return found.text.removesuffix("\n")
+
+
+def _lines(code: str, found: Resolution, first: int, last: int, highlighted: set[int]) -> Syntax:
+    """File lines ``first``..``last`` of the anchor. The whole anchor is lexed each time (so a segment that
+    starts inside a docstring is still highlighted as one), and the numbers column is as wide in every
+    segment."""
+    return Syntax(
+        code,
+        "python",
+        line_numbers=True,
+        start_line=found.start,
+        line_range=(first - found.start + 1, last - found.start + 1),
+        highlight_lines=highlighted,
+        word_wrap=True,
+        theme=_CODE_THEME,
+    )
+
+
+def notes_table(notes: Sequence[PinnedNote]) -> RenderableType:
     table = Table(show_header=False, box=None, pad_edge=False, expand=True)
-    table.add_column("line", style="cyan", no_wrap=True, justify="right")
+    table.add_column("line", style="bold cyan", no_wrap=True, justify="right")
     table.add_column("note", ratio=1)
-    for note, match in zip(block.notes, matches, strict=True):
-        where = f"L{match.line}" if match.count == 1 else ("not found" if match.count == 0 else f"×{match.count}")
-        table.add_row(f"{where} ▸", Markdown(note.text))
-    return table
+    for pinned in notes:
+        table.add_row(pinned.label, Markdown(pinned.note.text))
+    return Padding(table, (0, 0, 0, 2))
 
 
 def expect_panel(guide: Guide, block: ExpectBlock) -> RenderableType:
@@ -90,12 +197,16 @@ def expect_panel(guide: Guide, block: ExpectBlock) -> RenderableType:
     return Panel(Text("\n".join(block.items)), title=f"expected: {block.name}", subtitle=checked, title_align="left")
 
 
-def claims_table(guide: Guide) -> RenderableType:
-    table = Table(title=f"Claims of {guide.id}", title_justify="left", expand=True)
-    table.add_column("claim", style="bold", no_wrap=True)
-    table.add_column("statement", ratio=1)
-    table.add_column("check", style="dim")
+def claims_table(guide: Guide, path: str | None = None) -> RenderableType:
+    """Each claim as its id and rank count, then the statement at nearly the full width, then its check on a
+    line of its own (a check's dotted path is long, and a column for it starved the statement)."""
+    parts: list[RenderableType] = [Text(f"\nClaims of {guide.id}", style="bold")]
     for claim in guide.claims:
-        table.add_row(claim.id, claim.statement, f"{claim.check}\n{claim.world_size} ranks")
-    run = f"pytest {guide.path} -k claim"
-    return Group(table, Text(f"run them: {run}", style="dim"))
+        head = Text.assemble(("▸ ", "cyan"), (claim.id, "bold"), (f" · {claim.world_size} ranks", "dim"))
+        body = Group(
+            Text(claim.statement),
+            Text.assemble(("check ", "dim"), (claim.check, "dim"), overflow="fold"),
+        )
+        parts += [head, Padding(body, (0, 0, 1, 4))]
+    parts.append(Text(f"run them: pytest {path or guide.path} -k claim", style="dim", overflow="fold"))
+    return Group(*parts)

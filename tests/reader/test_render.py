@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import io
+import re
 from pathlib import Path
 
-from rich.console import Console
-
-from reader.cli import main
+from reader.cli import main, make_console
 from reader.parse import parse_guide
-from reader.render import render_guide
+from reader.render import print_guide
 from reader.workspace import Workspace
-from tests.reader.reader_support import PREFETCH_ANCHOR, guide, make_tree
+from tests.reader.reader_support import LIMIT_ANCHOR, PREFETCH_ANCHOR, TorchTree, guide, make_tree
 
 BODY = """
 # Prefetch
@@ -35,11 +35,24 @@ kwargs = { expected = { expect = "order" } }
 """
 
 
-def _render(text: str, workspace: Workspace, path: Path) -> str:
-    console = Console(record=True, width=140, color_system=None)
-    for part in render_guide(parse_guide(text, path), workspace):
-        console.print(part)
-    return console.export_text()
+PLAIN_CLAIM = CLAIM.replace('kwargs = { expected = { expect = "order" } }\n', "")
+RUNTIME = "torch/distributed/fsdp/_runtime_utils.py"
+
+
+def _render(text: str, workspace: Workspace, path: Path, width: int = 140) -> str:
+    """The guide as ``show`` prints it (the CLI's console, writing to a buffer that is not a terminal)."""
+    buffer = io.StringIO()
+    console = make_console(file=buffer, width=width, force_terminal=False, color_system=None)
+    print_guide(console, parse_guide(text, path), workspace)
+    return buffer.getvalue()
+
+
+def _line_of(tree: TorchTree, needle: str) -> int:
+    return next(i for i, line in enumerate(tree.read(RUNTIME).split("\n"), start=1) if needle in line)
+
+
+def _numbers(out: str) -> list[int]:
+    return [int(m.group(1)) for m in re.finditer(r"^│ (?:❱ |  ) *(\d+) ", out, re.MULTILINE)]
 
 
 def test_source_block_shows_live_code_with_torch_line_numbers_and_pinned_notes(tmp_path: Path) -> None:
@@ -79,3 +92,87 @@ def test_a_region_of_a_kind_the_renderer_does_not_know_is_shown_as_written(tmp_p
     out = _render(text, workspace, tmp_path / "04-forward-prefetch.md")
     assert "```quiz What marks the handle?\nhandle._prefetched\n```" in out and "After the quiz." in out
     assert "It prefetches in order." in out  # the claims table still follows
+
+
+def test_a_quote_shows_exactly_the_anchor_lines_under_a_path_relative_to_site_packages(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path / "site")
+    workspace = Workspace(tree.source(), tmp_path / "anchors.lock")
+    body = "```source limit\n```\n\n```source prefetch\n```\n"
+    out = _render(guide(anchors=LIMIT_ANCHOR + PREFETCH_ANCHOR, body=body), workspace, tmp_path / "g.md", 100)
+    limit = _line_of(tree, "_PREFETCH_LIMIT: int = 2")
+    first, last = _line_of(tree, "# Prefetch is issued"), _line_of(tree, "handle._prefetched = True")
+    assert _numbers(out) == [limit, *range(first, last + 1)]  # no blank line numbered one past either end
+    assert f"╭─ limit · {RUNTIME}:{limit}-{limit} ─" in out and str(tree.root) not in out
+    assert f"╭─ prefetch · {RUNTIME}:{first}-{last} ─" in out
+    assert "_PREFETCH_LIMIT · not yet approved" in out and "_prefetch_handle · not yet approved" in out
+
+
+def test_notes_are_shown_in_line_order_right_under_the_lines_they_pin(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path / "site")
+    workspace = Workspace(tree.source(), tmp_path / "anchors.lock")
+    body = """
+```source prefetch
+note "handle._prefetched = True": fourth, written first.
+note "if not current_handle:": first.
+note "prev_training_state = handle._training_state": third.
+note "handle = _get_handle_to_prefetch(state, current_handle)": second.
+note "no_such_call()": lost.
+```
+"""
+    out = _render(guide(anchors=PREFETCH_ANCHOR, body=body), workspace, tmp_path / "g.md", 100).splitlines()
+    notes = [line for line in out if "▸" in line]
+    assert [n.split("▸")[1].split()[0] for n in notes] == ["first.", "second.", "third.", "fourth,", "lost."]
+    for needle, text in [("if not current_handle:", "first."), ("handle._prefetched = True", "fourth,")]:
+        line = _line_of(tree, needle)
+        at = next(i for i, row in enumerate(out) if f"L{line} ▸  {text}" in row)
+        assert re.match(rf"│ ❱ +{line} ", out[at - 1]), out[at - 1]  # directly under its (marked) line
+    assert "not found ▸  lost." in notes[-1]
+
+
+def test_long_code_lines_wrap_under_a_blank_line_number(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path / "site")
+    long_call = "_unshard(state, handle, state._unshard_stream, state._pre_unshard_stream)"
+    tree.edit(RUNTIME, long_call, long_call.replace(")", ", " + ", ".join(f"extra_{i}" for i in range(12)) + ")"))
+    workspace = Workspace(tree.source(), tmp_path / "anchors.lock")
+    out = _render(guide(anchors=PREFETCH_ANCHOR, body="```source prefetch\n```\n"), workspace, tmp_path / "g.md", 60)
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 60
+    at = next(i for i, line in enumerate(lines) if "_unshard(state, handle," in line)
+    continued = [line for line in lines[at + 1 :] if re.match(r"│ {6,}\S", line)][:3]
+    shown = " ".join([lines[at], *continued])
+    assert all(f"extra_{i}," in shown for i in range(11)) and "extra_11)" in shown  # wrapped, not cropped
+    assert "extra_11)" not in lines[at] and re.match(r"│ {6,}\S", lines[at + 1])  # continuations: no number
+    assert _numbers(out) == list(range(_line_of(tree, "# Prefetch is"), _line_of(tree, "handle._prefetched") + 1))
+
+
+def test_prose_wraps_at_word_boundaries_and_claims_get_the_width(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path / "site")
+    workspace = Workspace(tree.source(), tmp_path / "anchors.lock")
+    words = [f"word{i:03d}" for i in range(75)]  # a 600-character paragraph
+    items = "\n".join(f"- item {i}: " + " ".join(words[:20]) for i in range(2))
+    body = " ".join(words) + "\n\n" + items + "\n"
+    out = _render(guide(anchors=PREFETCH_ANCHOR, claims=PLAIN_CLAIM, body=body), workspace, tmp_path / "g.md", 80)
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    shown = out.split()
+    assert [w for w in shown if w.startswith("word")] == words + words[:20] * 2  # every word, whole, in order
+    statement = next(line for line in lines if "It prefetches in order." in line)
+    assert statement.strip() == "It prefetches in order."  # a line of its own, not a narrow column
+    assert any(line.strip() == "check checks.ranks.selftest:trivial" for line in lines)
+
+
+def test_the_cli_console_prints_show_wrapped_without_escape_codes(tmp_path: Path, installed_tree, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("COLUMNS", "70")
+    (tmp_path / "readings").mkdir()
+    paragraph = " ".join(f"w{i}" for i in range(200))
+    (tmp_path / "readings" / "04-forward-prefetch.md").write_text(
+        guide(anchors=PREFETCH_ANCHOR, claims=PLAIN_CLAIM, body=paragraph + "\n\n```source prefetch\n```\n")
+    )
+    assert main(["show", "04-forward-prefetch"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out
+    assert max(len(line) for line in out.splitlines()) <= 70
+    assert [w for w in out.split() if re.fullmatch(r"w\d+", w)] == paragraph.split()
