@@ -4,6 +4,7 @@ import pytest
 
 from checks.breakit.patches import set_to, wrapping
 from checks.guides.g02_root_and_lazy_init import (
+    crown_after_forward,
     shard_then_size_eagerly,
     share_but_forget_roles,
     share_copies_not_objects,
@@ -19,6 +20,13 @@ def test_undecided_non_roots_make_themselves_root(broken) -> None:
     run = broken(wrapping(SHARE, share_but_forget_roles))
     assert run.reason == "wrong-root"
     assert run.details["observed"] == {"root": True, "blocks.0": True, "blocks.1": True, "blocks.2": True}
+
+
+@pytest.mark.breaks("02-root-and-lazy-init", "only-outermost-is-root")
+def test_a_non_root_told_it_is_root_is_caught(broken) -> None:
+    run = broken(wrapping(f"{RU}:_post_forward", crown_after_forward))
+    assert run.reason == "wrong-root"
+    assert run.details["observed"]["blocks.1"] is True and run.details["expected"]["blocks.1"] is False
 
 
 @pytest.mark.breaks("02-root-and-lazy-init", "non-roots-share-root-state")
@@ -57,3 +65,9 @@ def test_prose_numbers_are_checked(broken) -> None:
     run = broken(stated=wrong)
     assert run.reason == "differs-from-guide"
     assert run.details["expected"] == wrong and run.details["observed"]["blocks.2"] == 16020
+
+
+@pytest.mark.breaks("02-root-and-lazy-init", "padded-size-after-first-forward-at-4")
+def test_eager_padded_size_is_caught_on_4_ranks(broken) -> None:
+    run = broken(wrapping("torch.distributed.fsdp._flat_param:FlatParamHandle.shard", shard_then_size_eagerly))
+    assert run.reason == "sized-early"
