@@ -17,23 +17,17 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from reader.checkref import CheckFinder
+from reader.cli_session import BROKEN, CLEAN, DRIFT, add_common, display, open_session
 from reader.drift import DriftKind
-from reader.errors import GuideError
-from reader.guide import Guide
-from reader.lock import LockError
 from reader.render import print_guide
 from reader.report import (
     AnchorRow,
-    SessionReport,
     drift_panel,
     summary,
     write_drift_report,
 )
-from reader.torch_source import SourceError, open_source
-from reader.workspace import LOCK_NAME, NotApprovable, Workspace, load_all
-
-CLEAN, DRIFT, BROKEN = 0, 1, 2
+from reader.study import configure_check, configure_predict, run_check, run_predict
+from reader.workspace import NotApprovable
 
 
 @dataclass(frozen=True)
@@ -44,74 +38,11 @@ class Command:
     run: Callable[[argparse.Namespace, Console], int]
 
 
-# --- shared -------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Session:
-    workspace: Workspace
-    guides: list[Guide]
-    broken: list[GuideError]
-    report: SessionReport
-
-
-def _open(args: argparse.Namespace, console: Console) -> Session | int:
-    readings: Path = args.readings
-    if not readings.is_dir():
-        console.print(f"[red]no readings directory at {readings}[/] (pass --readings DIR)")
-        return BROKEN
-    guides, broken = load_all([readings], CheckFinder(extra_paths=[readings.resolve().parent]))
-    wanted: list[str] = args.guide_ids
-    if wanted:
-        unknown = sorted(set(wanted) - {g.id for g in guides})
-        if unknown:
-            known = ", ".join(sorted(g.id for g in guides)) or "none"
-            console.print(f"[red]unknown guide id(s): {', '.join(unknown)}[/] (guides: {known})")
-            return BROKEN
-        guides = [g for g in guides if g.id in wanted]
-        broken = []  # problems of guides not asked for are not this command's business
-    try:
-        source = open_source(args.torch_source)
-    except SourceError as exc:
-        console.print(f"[red]{exc}[/]")
-        return BROKEN
-    workspace = Workspace(source, readings / LOCK_NAME)
-    try:
-        workspace.lock  # noqa: B018 - validate the lock up front: a malformed lock is broken input
-    except LockError as exc:
-        console.print(f"[red]{exc}[/]\n    fix: restore it from version control, or re-approve")
-        return BROKEN
-    report = SessionReport(
-        source.version, source.git_version, f"{source.kind} at {source.location}", str(workspace.lock_path)
-    )
-    report.broken = [error.render() for error in broken]
-    for error in broken:
-        console.print(f"[red]{error.render()}[/]", highlight=False, markup=False)
-    return Session(workspace, guides, broken, report)
-
-
-def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("guide_ids", nargs="*", metavar="GUIDE_ID", help="guides to act on (default: all)")
-    parser.add_argument(
-        "--torch-source",
-        metavar="PATH",
-        default=None,
-        help="a torch wheel (read in place), site-packages dir or checkout instead of the installed torch",
-    )
-
-
-def _display(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
 # --- drift --------------------------------------------------------------------------------------------------
 
 
 def _configure_drift(parser: argparse.ArgumentParser) -> None:
-    _add_common(parser)
+    add_common(parser)
     parser.add_argument(
         "--report",
         metavar="FILE",
@@ -122,12 +53,12 @@ def _configure_drift(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_drift(args: argparse.Namespace, console: Console) -> int:
-    opened = _open(args, console)
+    opened = open_session(args, console)
     if isinstance(opened, int):
         return opened
     workspace, report = opened.workspace, opened.report
     for guide in opened.guides:
-        row = report.guide(guide.id, _display(guide.path), guide.title)
+        row = report.guide(guide.id, display(guide.path), guide.title)
         applies = guide.applies_to(workspace.torch_version)
         for anchor in guide.anchors:
             if not applies:
@@ -146,7 +77,7 @@ def _run_drift(args: argparse.Namespace, console: Console) -> int:
     console.print(summary(report, claims=False))
     if args.report is not None:
         json_path, md_path = write_drift_report(args.report, report)
-        console.print(f"drift report: {_display(json_path)}, {_display(md_path)}")
+        console.print(f"drift report: {display(json_path)}, {display(md_path)}")
     workspace.source.close()
     return code
 
@@ -155,17 +86,17 @@ def _run_drift(args: argparse.Namespace, console: Console) -> int:
 
 
 def _configure_approve(parser: argparse.ArgumentParser) -> None:
-    _add_common(parser)
+    add_common(parser)
 
 
 def _run_approve(args: argparse.Namespace, console: Console) -> int:
-    opened = _open(args, console)
+    opened = open_session(args, console)
     if isinstance(opened, int):
         return opened
     workspace, report = opened.workspace, opened.report
     refused = 0
     for guide in opened.guides:
-        row = report.guide(guide.id, _display(guide.path), guide.title)
+        row = report.guide(guide.id, display(guide.path), guide.title)
         for anchor in guide.anchors:
             try:
                 approval = workspace.approve(guide, anchor)
@@ -191,7 +122,7 @@ def _run_approve(args: argparse.Namespace, console: Console) -> int:
             console.print(f"dropped stale lock entry {key}")
     wrote = workspace.save()
     console.print(summary(report, claims=False))
-    console.print(f"{'wrote' if wrote else 'unchanged:'} {_display(workspace.lock_path)}")
+    console.print(f"{'wrote' if wrote else 'unchanged:'} {display(workspace.lock_path)}")
     workspace.source.close()
     return BROKEN if opened.broken else DRIFT if refused else CLEAN
 
@@ -200,11 +131,11 @@ def _run_approve(args: argparse.Namespace, console: Console) -> int:
 
 
 def _configure_list(parser: argparse.ArgumentParser) -> None:
-    _add_common(parser)
+    add_common(parser)
 
 
 def _run_list(args: argparse.Namespace, console: Console) -> int:
-    session = _open(args, console)
+    session = open_session(args, console)
     if isinstance(session, int):
         return session
     table = Table(title=f"Reading guides · torch {session.workspace.torch_version}", title_justify="left")
@@ -217,18 +148,19 @@ def _run_list(args: argparse.Namespace, console: Console) -> int:
 
 
 def _configure_show(parser: argparse.ArgumentParser) -> None:
-    _add_common(parser)
+    add_common(parser)
+    parser.add_argument("--answers", action="store_true", help="show the predict questions' answers too")
 
 
 def _run_show(args: argparse.Namespace, console: Console) -> int:
     if not args.guide_ids:
         console.print("[red]name the guide to show[/] (fsdp-readings list shows them)")
         return BROKEN
-    session = _open(args, console)
+    session = open_session(args, console)
     if isinstance(session, int):
         return session
     for guide in sorted(session.guides, key=lambda g: (g.order, g.id)):
-        print_guide(console, guide, session.workspace)
+        print_guide(console, guide, session.workspace, answers=args.answers)
     return BROKEN if session.broken else CLEAN
 
 
@@ -251,6 +183,10 @@ COMMANDS: list[Command] = [
         "record the anchors' current torch source as approved, after you re-read the guides",
         _configure_approve,
         _run_approve,
+    ),
+    Command("check", "run a guide's claims on the rank pool", configure_check, run_check),
+    Command(
+        "predict", "answer a guide's predict questions, each revealed by a real run", configure_predict, run_predict
     ),
 ]
 

@@ -15,7 +15,7 @@ import pytest
 
 from reader.drift import Drift
 from reader.errors import GuideError
-from reader.evidence import UnresolvedAnchors, missing_evidence, traced_request
+from reader.evidence import UnresolvedAnchors, traced_request
 from reader.failures import (
     AnchorDrifted,
     ClaimFailed,
@@ -28,13 +28,16 @@ from reader.failures import (
 from reader.guide import AnchorSpec, ClaimSpec, Guide
 from reader.lock import LockError
 from reader.parse import load_guide, looks_like_guide
+from reader.predict import NotObserved, PredictQuestion, agrees, observed
 from reader.runner import RankPoolUnavailable
 from reader.session import session_of
 from reader.torch_source import SourceError
+from reader.verdict import ClaimVerdict, judge
 from reader.workspace import NotApprovable, Workspace
 
 if TYPE_CHECKING:
     from _pytest._code.code import TerminalRepr
+
 
 PREVIEW_SKIP = "--torch-source previews anchors only; claims run against the installed torch"
 
@@ -64,6 +67,8 @@ class GuideFile(pytest.File):
             yield AnchorItem.from_parent(self, name=f"anchor[{anchor.name}]", guide=guide, anchor=anchor)
         for claim in guide.claims:
             yield ClaimItem.from_parent(self, name=f"claim[{claim.id}]", guide=guide, claim=claim)
+        for question in guide.regions_of(PredictQuestion):
+            yield PredictItem.from_parent(self, name=f"predict[{question.id}]", guide=guide, question=question)
 
 
 class GuideItem(pytest.Item):
@@ -140,6 +145,32 @@ class AnchorItem(GuideItem):
         return super().repr_failure(excinfo, style=style)
 
 
+def claim_verdict(item: GuideItem, claim: ClaimSpec | None = None) -> ClaimVerdict:
+    """Run ``claim`` (the item's own by default) once per session, with runtime evidence, and remember it."""
+    claim = claim if claim is not None else item.claim  # type: ignore[attr-defined]
+    reader = session_of(item.config)
+    key = (item.guide.id, claim.id)
+    if key in reader.findings.verdicts:
+        return reader.findings.verdicts[key]
+    workspace = item._workspace_or_fail()
+    where = f"{reader.display(item.path)}:{claim.line}"
+    verdict: ClaimVerdict
+    try:
+        request, resolutions = traced_request(workspace, item.guide, claim)
+    except UnresolvedAnchors as exc:
+        display = reader.display(item.path)
+        verdict = ClaimVerdict(None, blocked_claim(where, display, item.guide, claim, exc.failed))
+    else:
+        try:
+            outcome = reader.resources.runner().run(request)
+        except RankPoolUnavailable as exc:
+            verdict = ClaimVerdict(None, claim_header(where, claim, "cannot run") + f"\n{exc}")
+        else:
+            verdict = judge(outcome, where, item.guide, claim, resolutions)
+    reader.findings.verdicts[key] = verdict
+    return verdict
+
+
 class ClaimItem(GuideItem):
     """Runs the claim's check on the rank pool; passes only if it passed and some anchored torch code ran."""
 
@@ -153,28 +184,15 @@ class ClaimItem(GuideItem):
             self.add_marker(getattr(pytest.mark, marker))
 
     def runtest(self) -> None:
-        reader = session_of(self.config)
-        if reader.resources.preview is not None:
+        if session_of(self.config).resources.preview is not None:
             pytest.skip(PREVIEW_SKIP)
-        workspace = self._workspace_or_fail()
-        try:
-            request, resolutions = traced_request(workspace, self.guide, self.claim)
-        except UnresolvedAnchors as exc:
-            display = reader.display(self.path)
-            raise ClaimFailed(blocked_claim(self.where(), display, self.guide, self.claim, exc.failed)) from None
-        try:
-            outcome = reader.resources.runner().run(request)
-        except RankPoolUnavailable as exc:
-            raise ClaimFailed(self._header("cannot run") + f"\n{exc}") from None
-        if outcome.skipped:
-            pytest.skip(outcome.skipped)
-        executed = frozenset(outcome.executed or ())
-        self.user_properties.append(("executed", sorted(executed)))
-        if not outcome.ok:
-            raise ClaimFailed(self._header("failed") + "\n" + (outcome.failure or "the check failed without a report"))
-        missing = missing_evidence(self.claim, self.guide, resolutions, executed)
-        if missing:
-            raise ClaimFailed(self._header("failed") + "\n" + missing)
+        verdict = claim_verdict(self)
+        if verdict.skipped:
+            pytest.skip(verdict.skipped)
+        if verdict.outcome is not None:
+            self.user_properties.append(("executed", sorted(verdict.outcome.executed or ())))
+        if verdict.failure:
+            raise ClaimFailed(verdict.failure)
 
     def _header(self, verb: str) -> str:
         return claim_header(self.where(), self.claim, verb)
@@ -184,3 +202,41 @@ class ClaimItem(GuideItem):
             return str(excinfo.value)
         header = self._header("raised while running its check")
         return header + "\n" + str(super().repr_failure(excinfo, style=style))
+
+
+class PredictItem(GuideItem):
+    """A predict question: its claim must pass, and where the question says where to look (``observe``), the
+    guide's answer must be what the run returned on rank 0."""
+
+    def __init__(self, *, guide: Guide, question: PredictQuestion, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.guide = guide
+        self.question = question
+        self.claim = guide.claim(question.claim)
+        self.line = question.start
+        self.add_marker(pytest.mark.world_size(self.claim.world_size))
+        for marker in self.claim.markers:
+            self.add_marker(getattr(pytest.mark, marker))
+
+    def runtest(self) -> None:
+        if session_of(self.config).resources.preview is not None:
+            pytest.skip(PREVIEW_SKIP)
+        verdict = claim_verdict(self, self.claim)
+        if verdict.skipped:
+            pytest.skip(verdict.skipped)
+        head = f"{self.where()}: predict `{self.question.id}`"
+        if verdict.failure or verdict.outcome is None:
+            raise ClaimFailed(f"{head}: its claim `{self.claim.id}` did not pass\n{verdict.failure}")
+        if self.question.observe is None:
+            return
+        value = verdict.outcome.values()[0]
+        try:
+            seen = observed(value, self.question.observe)
+        except NotObserved as exc:
+            raise ClaimFailed(f"{head}: the run of `{self.claim.id}` returned nothing at {exc}") from None
+        self.user_properties.append(("observed", seen))
+        if not agrees(self.question, seen):
+            raise ClaimFailed(
+                f"{head}: the guide answers {self.question.answer!r}; the run of `{self.claim.id}` observed "
+                f"{seen!r} at `{self.question.observe}`"
+            )

@@ -12,6 +12,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import reader.predict  # noqa: F401  (registers the ```predict parser)
 from reader.blocks import check_block_references  # importing it registers the built-in body parsers
 from reader.body import BODY_PARSERS, BodyContext
 from reader.checkref import CheckFinder

@@ -24,22 +24,23 @@ from rich.text import Text
 from reader.anchors import AnchorError, NoteMatch, Resolution
 from reader.guide import ExpectBlock, Guide, Note, Prose, SourceBlock, block_reference
 from reader.patterns import find
+from reader.predict import PredictQuestion
 from reader.workspace import Workspace
 
 _OK_DRIFT = {"unchanged", "moved", "cosmetic"}
 _CODE_THEME = "ansi_dark"
 
 
-def print_guide(console: Console, guide: Guide, workspace: Workspace) -> None:
+def print_guide(console: Console, guide: Guide, workspace: Workspace, *, answers: bool = False) -> None:
     """Print a guide the way ``show`` does. Always word-wrapped at the console's width, even on a console
     whose default is soft wrapping (the CLI's, for long paths in other commands): soft-wrapped prose breaks
     mid-word wherever the terminal folds it, and anything inside a panel or list is cropped at the edge."""
-    for renderable in render_guide(guide, workspace):
+    for renderable in render_guide(guide, workspace, answers=answers):
         console.print(renderable, soft_wrap=False)
 
 
-def render_guide(guide: Guide, workspace: Workspace) -> Iterator[RenderableType]:
-    """Everything the reader sees, in document order."""
+def render_guide(guide: Guide, workspace: Workspace, *, answers: bool = False) -> Iterator[RenderableType]:
+    """Everything the reader sees, in document order; predict answers only with ``answers``."""
     yield _header(guide, workspace)
     for region in guide.regions:
         if isinstance(region, Prose):
@@ -48,6 +49,8 @@ def render_guide(guide: Guide, workspace: Workspace) -> Iterator[RenderableType]
             yield source_panel(guide, region, workspace)
         elif isinstance(region, ExpectBlock):
             yield expect_panel(guide, region)
+        elif isinstance(region, PredictQuestion):
+            yield predict_panel(region, answers=answers)
         else:  # a region of a fence kind registered elsewhere (reader.body): its Markdown, verbatim
             yield Text(guide.raw(region))
     yield claims_table(guide, workspace.display(guide.path))
@@ -195,6 +198,18 @@ def expect_panel(guide: Guide, block: ExpectBlock) -> RenderableType:
     users = [c.id for c in guide.claims for v in c.kwargs.values() if block_reference(v) == block.name]
     checked = f"checked by claim {', '.join(users)}" if users else "not used by any claim"
     return Panel(Text("\n".join(block.items)), title=f"expected: {block.name}", subtitle=checked, title_align="left")
+
+
+def predict_panel(question: PredictQuestion, *, answers: bool = False) -> RenderableType:
+    """The question (and its choices, lettered); the answer and why only when asked for."""
+    parts: list[RenderableType] = [Markdown(question.question)]
+    parts += [Text(f"  {chr(ord('a') + i)}) {choice}") for i, choice in enumerate(question.choices)]
+    if answers:
+        shown = ", ".join(question.answer) if question.kind == "order" else str(question.answer)
+        parts += [Text.assemble(("answer: ", "bold green"), shown), Text(question.explain, style="green")]
+    subtitle = f"revealed by claim {question.claim}"
+    return Panel(Group(*parts), title=f"predict: {question.id} ({question.kind})", title_align="left",
+                 subtitle=subtitle, subtitle_align="right")  # fmt: skip
 
 
 def claims_table(guide: Guide, path: str | None = None) -> RenderableType:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -143,6 +144,7 @@ class Findings:
     approved: dict[str, set[str]] = field(default_factory=dict)  # guide id → anchor names approved this session
     lock_error: LockError | None = None
     written: tuple[Path, Path] | None = None  # the drift report's JSON and Markdown files
+    verdicts: dict[tuple[str, str], Any] = field(default_factory=dict)  # (guide id, claim id) → ClaimVerdict
 
     def approve(self, guide: Guide, anchor: AnchorSpec, was: Drift) -> None:
         self.approved.setdefault(guide.id, set()).add(anchor.name)

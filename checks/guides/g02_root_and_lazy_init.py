@@ -33,7 +33,7 @@ def _expected_roots(model: torch.nn.Module) -> dict[str, bool]:
     return {name: id(unit) not in inside for name, unit in by_name.items()}
 
 
-def only_outermost_is_root(ctx: RankContext) -> dict[str, bool | None]:
+def only_outermost_is_root(ctx: RankContext) -> dict[str, dict[str, bool | None]]:
     model = fsdp1_gpt(ctx)
     by_name = units(model)
     before = {name: unit._is_root for name, unit in by_name.items()}
@@ -44,7 +44,7 @@ def only_outermost_is_root(ctx: RankContext) -> dict[str, bool | None]:
     after = {name: unit._is_root for name, unit in by_name.items()}
     expected = _expected_roots(model)
     require_equal(after, expected, reason="wrong-root", what="_is_root after the first forward")
-    return after
+    return {"before": before, "after": after}
 
 
 def non_roots_share_root_state(ctx: RankContext) -> list[str]:

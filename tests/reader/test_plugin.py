@@ -441,3 +441,50 @@ def test_pattern_lost_in_a_note_points_at_the_note(project: pytest.Pytester, ins
             f"  {GUIDE}:15: note pattern `handle.prefetched = True` matches nowhere in `prefetch`*",
         ]
     )
+
+
+PREDICT_BODY = (
+    BODY
+    + """
+```predict rank-zero-value
+question = "What does rank 0's check return?"
+kind = "number"
+answer = {answer}
+claim = "forward-order"
+observe = "."
+explain = "The fake check returns its rank."
+```
+
+```predict no-observe
+question = "Does the claim hold?"
+kind = "choice"
+choices = ["yes", "no"]
+answer = "yes"
+claim = "forward-order"
+explain = "It does."
+```
+"""
+)
+
+
+@pytest.mark.parametrize(("answer", "passes"), [(0, True), (1, False)])
+def test_a_predict_answer_is_checked_against_the_run(project: pytest.Pytester, answer: int, passes: bool):
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR, claims=CLAIMS, body=PREDICT_BODY.format(answer=answer)))
+    result = project.runpytest("readings", "-k", "claim or predict")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed") == (4 if passes else 3) and outcomes.get("failed", 0) == (0 if passes else 1)
+    if not passes:
+        result.stdout.fnmatch_lines(
+            ["*predict `rank-zero-value`: the guide answers 1; the run of `forward-order` observed 0 at `.`*"]
+        )
+    # Two questions and the claim item share one run of forward-order.
+    assert [r["target"] for r in requests(project)].count("fakechecks.prefetch:forward_order") == 2  # 2 claims
+
+
+def test_a_predict_question_fails_when_its_claim_fails(project: pytest.Pytester):
+    failing = PREDICT_BODY.format(answer=0)
+    claims = CLAIMS.replace('kwargs = { fake = "ok" }', 'kwargs = { fake = "fail" }', 1)
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR, claims=claims, body=failing))
+    result = project.runpytest("readings", "-k", "predict")
+    result.assert_outcomes(failed=2, deselected=3)
+    result.stdout.fnmatch_lines(["*predict `no-observe`: its claim `forward-order` did not pass*"])

@@ -1,0 +1,323 @@
+"""Self-study commands: ``fsdp-readings check`` runs a guide's claims on the rank pool; ``fsdp-readings predict``
+asks the guide's predict questions, runs the claim behind each, and shows what the installed torch did next to
+the learner's answer and the guide's.
+
+Claims run exactly as ``pytest readings/`` runs them: the same request (`reader.evidence.traced_request`), the
+same verdict (`reader.verdict.judge`), on a `checks.ranks.manager.PoolManager` of this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import tomllib
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.markdown import Markdown
+from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
+from rich.text import Text
+
+from reader.cli_session import BROKEN, CLEAN, DRIFT, Session, open_session
+from reader.evidence import UnresolvedAnchors, traced_request
+from reader.failures import blocked_claim
+from reader.guide import ClaimSpec, Guide
+from reader.predict import NotObserved, PredictQuestion, agrees, observed, parse_answer
+from reader.progress import Progress as Scores
+from reader.progress import ProgressError
+from reader.verdict import ClaimVerdict, judge
+
+FAILED = DRIFT  # exit 1: a claim failed (README: 0 clean, 1 failed, 2 broken input)
+
+CHECK_EXAMPLES = """examples:
+  fsdp-readings check 04-forward-prefetch                   every claim of guide 04, on the rank pool
+  fsdp-readings check 04-forward-prefetch stale-order-after-change
+  fsdp-readings check 03-unshard-reshard --backend gloo --timeout 120
+
+exit status: 0 every claim passed, 1 a claim failed, 2 broken input (unknown guide or claim)"""
+
+PREDICT_EXAMPLES = """examples:
+  fsdp-readings predict 04-forward-prefetch                 asks each question, then runs its claim
+  fsdp-readings predict 04-forward-prefetch --answers my-answers.toml
+      (no terminal needed: question id = "answer", e.g.  reversed-order = "root -> blocks.0")
+  fsdp-readings predict 04-forward-prefetch --no-run        reveal the guide's answers without running
+
+scores are kept in the user data directory (platformdirs; $FSDP_READINGS_DATA_DIR overrides), never here"""
+
+
+# --- running claims -------------------------------------------------------------------------------------------
+
+
+class ClaimRunner:
+    """Runs claims of one session on its own pool manager (started on first use, closed on exit)."""
+
+    def __init__(
+        self, session: Session, backend: str, timeout: float, *, manager: Any = None, patches: tuple[Any, ...] = ()
+    ) -> None:
+        self.session = session
+        self.backend = backend
+        self.timeout = timeout
+        self.patches = patches  # break-it patches (exercises, and tests that the reveal comes from the run)
+        self._manager = manager  # a caller's PoolManager is used, and left open
+        self._owns_manager = manager is None
+        self._verdicts: dict[tuple[str, str], ClaimVerdict] = {}
+
+    def verdict(self, guide: Guide, claim: ClaimSpec) -> ClaimVerdict:
+        key = (guide.id, claim.id)
+        if key not in self._verdicts:
+            self._verdicts[key] = self._run(guide, claim)
+        return self._verdicts[key]
+
+    def _run(self, guide: Guide, claim: ClaimSpec) -> ClaimVerdict:
+        where = f"{_display(guide.path)}:{claim.line}"
+        try:
+            request, resolutions = traced_request(self.session.workspace, guide, claim, patches=self.patches)
+        except UnresolvedAnchors as exc:
+            return ClaimVerdict(None, blocked_claim(where, _display(guide.path), guide, claim, exc.failed))
+        if self._manager is None:
+            from checks.ranks.manager import PoolManager  # starts no process until a check runs
+
+            self._manager = PoolManager(backend=self.backend, timeout=self.timeout)
+        return judge(self._manager.run(request), where, guide, claim, resolutions)
+
+    def close(self) -> None:
+        if self._manager is not None and self._owns_manager:
+            self._manager.close()
+
+
+@contextmanager
+def claim_runner(session: Session, args: argparse.Namespace) -> Iterator[ClaimRunner]:
+    """``args.manager`` / ``args.patches`` (set by callers in-process, not by the command line) reach the runner."""
+    runner = ClaimRunner(
+        session,
+        args.backend,
+        args.timeout,
+        manager=getattr(args, "manager", None),
+        patches=tuple(getattr(args, "patches", ())),
+    )
+    try:
+        yield runner
+    finally:
+        runner.close()
+        session.workspace.source.close()
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _pool_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help="default: auto")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per claim before its ranks are stopped")
+
+
+def _one_guide(args: argparse.Namespace, console: Console) -> tuple[Session, Guide] | int:
+    args.guide_ids, args.torch_source = [args.guide], None
+    session = open_session(args, console)
+    if isinstance(session, int):
+        return session
+    return session, session.guides[0]
+
+
+# --- check ------------------------------------------------------------------------------------------------------
+
+
+def configure_check(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = CHECK_EXAMPLES
+    parser.add_argument("guide", metavar="GUIDE", help="a guide id, e.g. 04-forward-prefetch")
+    parser.add_argument("claims", nargs="*", metavar="CLAIM", help="claim ids (default: every claim)")
+    _pool_options(parser)
+
+
+def run_check(args: argparse.Namespace, console: Console) -> int:
+    opened = _one_guide(args, console)
+    if isinstance(opened, int):
+        return opened
+    session, guide = opened
+    claims = _pick_claims(guide, args.claims, console)
+    if claims is None:
+        return BROKEN
+    rows: list[tuple[ClaimSpec, ClaimVerdict, float]] = []
+    with claim_runner(session, args) as runner, _progress(console) as progress:
+        task = progress.add_task(guide.id, total=len(claims))
+        for claim in claims:
+            progress.update(task, description=claim.id)
+            started = time.monotonic()
+            rows.append((claim, runner.verdict(guide, claim), time.monotonic() - started))
+            progress.advance(task)
+    console.print(_results(guide, rows), soft_wrap=False)
+    for claim, verdict, _ in rows:
+        if verdict.failure:
+            console.print(Panel(Text(verdict.failure), title=f"{claim.id} failed", border_style="red"), soft_wrap=False)
+    failed = sum(1 for _, v, _ in rows if v.failure)
+    console.print(f"{len(rows) - failed} passed, {failed} failed")
+    return FAILED if failed else CLEAN
+
+
+def _pick_claims(guide: Guide, wanted: Sequence[str], console: Console) -> list[ClaimSpec] | None:
+    known = [c.id for c in guide.claims]
+    unknown = [c for c in wanted if c not in known]
+    if unknown:
+        console.print(f"[red]{guide.id} has no claim {', '.join(unknown)}[/] (claims: {', '.join(known)})")
+        return None
+    return [c for c in guide.claims if not wanted or c.id in wanted]
+
+
+@contextmanager
+def _progress(console: Console) -> Iterator[Progress]:
+    columns = (TextColumn("{task.description}"), BarColumn(bar_width=30), MofNCompleteColumn())
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
+        yield progress
+
+
+def _results(guide: Guide, rows: list[tuple[ClaimSpec, ClaimVerdict, float]]) -> Table:
+    table = Table(title=f"claims of {guide.id}", title_justify="left", expand=True)
+    table.add_column("claim", ratio=3, overflow="fold")
+    table.add_column("ranks", justify="right")
+    table.add_column("result")
+    table.add_column("s", justify="right")
+    for claim, verdict, seconds in rows:
+        result = "skipped" if verdict.skipped else "FAILED" if verdict.failure else "passed"
+        style = "yellow" if verdict.skipped else "red" if verdict.failure else "green"
+        table.add_row(claim.id, str(claim.world_size), Text(result, style=style), f"{seconds:.1f}")
+    return table
+
+
+# --- predict ----------------------------------------------------------------------------------------------------
+
+
+def configure_predict(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = PREDICT_EXAMPLES
+    parser.add_argument("guide", metavar="GUIDE", help="a guide id, e.g. 04-forward-prefetch")
+    parser.add_argument("--answers", type=Path, default=None, metavar="FILE", help="answers as TOML or JSON")
+    parser.add_argument("--no-run", action="store_true", help="reveal the guide's answers without running claims")
+    _pool_options(parser)
+
+
+@dataclass(frozen=True)
+class Reveal:
+    question: PredictQuestion
+    given: str
+    correct: bool | None  # None: a text answer, for the learner to compare
+    observed: Any  # what the run showed: the value at `observe`, else the claim's verdict
+    failure: str | None
+
+
+def run_predict(args: argparse.Namespace, console: Console) -> int:
+    opened = _one_guide(args, console)
+    if isinstance(opened, int):
+        return opened
+    session, guide = opened
+    questions = guide.regions_of(PredictQuestion)
+    if not questions:
+        console.print(f"[red]{guide.id} has no predict questions[/]")
+        return BROKEN
+    answers = _answers_from(args.answers, questions, console) if args.answers else None
+    if args.answers and answers is None:
+        return BROKEN
+    try:
+        scores = Scores()
+    except ProgressError as exc:
+        console.print(f"[red]{exc}[/]")
+        return BROKEN
+    reveals: list[Reveal] = []
+    with claim_runner(session, args) as runner:
+        for number, question in enumerate(questions, start=1):
+            console.print(_ask(question, number, len(questions)), soft_wrap=False)
+            given = answers[question.id] if answers is not None else _prompt(console)
+            reveal = _reveal(question, given, None if args.no_run else runner, guide)
+            console.print(_revealed(reveal), soft_wrap=False)
+            scores.record(guide.id, question.id, given, reveal.correct, reveal.observed)
+            reveals.append(reveal)
+    scores.save()
+    right, scored = scores.score(guide.id)
+    console.print(f"score: {right}/{scored} on {guide.id}")
+    console.print(Text(f"saved to {scores.path}", style="dim", overflow="fold"), soft_wrap=False)
+    return FAILED if any(r.failure for r in reveals) else CLEAN
+
+
+def _answers_from(path: Path, questions: list[PredictQuestion], console: Console) -> dict[str, str] | None:
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (OSError, ValueError) as exc:
+        console.print(f'[red]{path}: cannot read answers ({exc})[/] (write TOML: question-id = "answer")')
+        return None
+    ids = [q.id for q in questions]
+    unknown, missing = sorted(set(data) - set(ids)), [i for i in ids if i not in data]
+    if unknown or missing:
+        what = f"unknown question(s) {', '.join(unknown)}" if unknown else f"no answer for {', '.join(missing)}"
+        console.print(f"[red]{path}: {what}[/] (questions: {', '.join(ids)})")
+        return None
+    return {key: ", ".join(map(str, value)) if isinstance(value, list) else str(value) for key, value in data.items()}
+
+
+def _ask(question: PredictQuestion, number: int, total: int) -> Panel:
+    parts: list[Any] = [Markdown(question.question)]
+    parts += [Text(f"  {chr(ord('a') + i)}) {choice}") for i, choice in enumerate(question.choices)]
+    hint = {"number": "a number", "order": "items separated by commas", "choice": "a letter or the choice"}
+    parts.append(Text(f"answer with {hint.get(question.kind, 'a sentence')}", style="dim"))
+    return Panel(Group(*parts), title=f"{number}/{total} · {question.id}", title_align="left")
+
+
+def _prompt(console: Console, read: Callable[[], str] = sys.stdin.readline) -> str:
+    console.print("your answer: ", end="")
+    return read().strip()
+
+
+def _reveal(question: PredictQuestion, given: str, runner: ClaimRunner | None, guide: Guide) -> Reveal:
+    parsed = parse_answer(question, given)
+    correct = None if question.kind == "text" else agrees(question, parsed)
+    if runner is None:
+        return Reveal(question, given, correct, "not run (--no-run)", None)
+    verdict = runner.verdict(guide, guide.claim(question.claim))
+    if verdict.skipped:
+        return Reveal(question, given, correct, f"not run here: {verdict.skipped}", None)
+    if verdict.failure or verdict.outcome is None:
+        return Reveal(question, given, correct, f"claim {question.claim} FAILED", verdict.failure)
+    path = question.observe or question.show
+    if path is None:
+        return Reveal(question, given, correct, f"claim {question.claim} passed", None)
+    try:
+        seen = observed(verdict.outcome.values()[0], path)
+    except NotObserved as exc:
+        return Reveal(question, given, correct, f"nothing at {exc}", f"the run returned nothing at {exc}")
+    # The run, not the guide, is the truth: score against what torch did when it disagrees with the guide.
+    if question.observe is not None and not agrees(question, seen):
+        failure = f"the guide answers {question.answer!r}, but this torch gave {seen!r}"
+        return Reveal(question, given, _same(question, parsed, seen), seen, failure)
+    return Reveal(question, given, correct, seen, None)
+
+
+def _same(question: PredictQuestion, parsed: Any, seen: Any) -> bool:
+    return agrees(replace(question, answer=seen), parsed)
+
+
+def _revealed(reveal: Reveal) -> Table:
+    question = reveal.question
+    guide_answer = ", ".join(question.answer) if question.kind == "order" else str(question.answer)
+    shown = ", ".join(map(str, reveal.observed)) if isinstance(reveal.observed, list) else str(reveal.observed)
+    verdict = {True: ("right", "green"), False: ("not quite", "red"), None: ("compare", "yellow")}[reveal.correct]
+    table = Table(show_header=False, box=None, expand=True, pad_edge=False)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(ratio=1, overflow="fold")
+    table.add_row("you", Text.assemble(reveal.given or "(no answer)", "  ", (verdict[0], verdict[1])))
+    table.add_row("the guide", guide_answer)
+    table.add_row("observed", Text(shown, style="cyan"))
+    table.add_row("why", question.explain)
+    if reveal.failure:
+        table.add_row("warning", Text(reveal.failure.splitlines()[0], style="red"))
+    return table
