@@ -24,8 +24,9 @@ FORWARD_REGISTRATION = (  # the hook registration helpers FSDP1's wrapper does n
 FORWARD_DIRECT = (f"{RU}:_root_pre_forward", f"{RU}:_pre_forward", f"{RU}:_post_forward")
 
 
-def one_step_timeline(ctx: RankContext, expected: list[str]) -> list[str]:
-    """One forward and backward of the default wrap (FULL_SHARD, BACKWARD_PRE) matches the guide's timeline."""
+def one_step_timeline(ctx: RankContext, expected: list[str]) -> dict[str, Any]:
+    """One forward and backward of the default wrap (FULL_SHARD, BACKWARD_PRE) matches the guide's timeline.
+    Returns the timeline, how many of its unshards all-gathered, and whose post-backward hook ran last."""
     model = fsdp1_gpt(ctx)
     x, y = batch(ctx)
     with record_events(model) as events:
@@ -33,7 +34,12 @@ def one_step_timeline(ctx: RankContext, expected: list[str]) -> list[str]:
         loss.backward()
     observed = lines(events)
     assert_sequence(observed, normalized(expected), what=f"rank {ctx.rank}'s step timeline", reason="timeline-differs")
-    return observed
+    post_backward = [line.split()[1] for line in observed if line.endswith("post-backward hook")]
+    return {
+        "timeline": observed,
+        "all_gathers": sum(line.endswith("(all-gather)") for line in observed),
+        "last_post_backward": post_backward[-1],
+    }
 
 
 def same_on_every_rank(ctx: RankContext) -> int:
