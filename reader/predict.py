@@ -159,22 +159,30 @@ class NotObserved(LookupError):
 
 
 def observed(value: Any, path: str) -> Any:
-    """The part of a claim's returned value at the dotted ``path`` (keys of mappings, indices of sequences)."""
-    current = value
+    """The part of a claim's returned value at the dotted ``path``: keys of mappings (a key may itself contain
+    dots, ``eval.1.scale`` reaches ``value["eval"]["1.scale"]``; the longest key that matches wins), indices of
+    sequences; ``.`` is the whole value."""
     if path == ".":
-        return current
-    for part in path.split("."):
-        if isinstance(current, dict) and part in current:
-            current = current[part]
-        elif (
+        return value
+    parts, current, i = path.split("."), value, 0
+    while i < len(parts):
+        if isinstance(current, dict):
+            key = next(
+                (".".join(parts[i:j]) for j in range(len(parts), i, -1) if ".".join(parts[i:j]) in current), None
+            )
+            if key is not None:
+                current, i = current[key], i + key.count(".") + 1
+                continue
+        part = parts[i]
+        if (
             isinstance(current, list | tuple)
             and part.lstrip("-").isdigit()
             and -len(current) <= int(part) < len(current)
         ):
-            current = current[int(part)]
-        else:
-            shown = sorted(current) if isinstance(current, dict) else type(current).__name__
-            raise NotObserved(f"`{path}`: no `{part}` in {shown}")
+            current, i = current[int(part)], i + 1
+            continue
+        shown = sorted(current) if isinstance(current, dict) else type(current).__name__
+        raise NotObserved(f"`{path}`: no `{part}` in {shown}")
     return current
 
 

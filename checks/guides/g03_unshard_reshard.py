@@ -9,12 +9,14 @@ from torch.distributed.fsdp import ShardingStrategy
 from torch.distributed.fsdp import _runtime_utils as ru
 from torch.distributed.fsdp._limiter_utils import _FreeEventQueue
 
+from checks.models.flat_param import layout
 from checks.models.rate_limiter import queue_calls
-from checks.naming import ROOT
+from checks.naming import ROOT, clean
 from checks.probes import assert_sequence, record_comm, record_events
 from checks.ranks.context import RankContext
 from checks.violation import require, require_equal
-from checks.workloads.gpt import batch, fsdp1_gpt, padded_sizes, units
+from checks.workloads.gpt import batch, fsdp1_gpt, padded_sizes, unit_numels, units
+from mini_gpt import GPT, preset
 
 FREES_AFTER_FORWARD = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}  # the guide's table, by strategy
 
@@ -85,6 +87,96 @@ def one_all_gather_per_unit_per_forward(ctx: RankContext, steps: int = 2) -> lis
     return observed
 
 
+def _parameter_shapes(preset_name: str = "tiny") -> dict[str, tuple[int, ...]]:
+    """Each original parameter's shape, from the model built on the meta device (no FSDP involved)."""
+    with torch.device("meta"):
+        model = GPT(preset(preset_name))
+    return {name: tuple(param.shape) for name, param in model.named_parameters()}
+
+
+def _unit_of(name: str, unit_names: Any) -> str:
+    """The unit a parameter of mini_gpt belongs to: its ``blocks.i`` prefix, else the root."""
+    prefix = ".".join(name.split(".")[:2])
+    return prefix if prefix in unit_names else ROOT
+
+
+def _expected_views(rank: int, world_size: int, strategy: str) -> dict[str, str]:
+    """What each original parameter should look like after a forward with grad enabled, by the rule the guide
+    reads in ``_use_sharded_flat_param``: SHARD_GRAD_OP skips the sharded views (the module keeps plain tensors of
+    the full shape over the unsharded buffer); FULL_SHARD switches every unit, the root included, to 1-D
+    parameters over this rank's shard (empty where the shard holds none of it), sized by the flat-parameter
+    layout model."""
+    shapes = _parameter_shapes()
+    if strategy == "SHARD_GRAD_OP":
+        return {name: f"Tensor {shape} over the unsharded buffer" for name, shape in shapes.items()}
+    in_shard = {unit: list(layout(numels, 4, world_size).in_shard(rank)) for unit, numels in unit_numels().items()}
+    expected = {}
+    for name in shapes:  # registration order, the order the layout model lists each unit's parameters in
+        numel = in_shard[_unit_of(name, in_shard)].pop(0)
+        expected[name] = f"Parameter ({numel},) " + ("over the shard" if numel else "empty")
+    return expected
+
+
+def _describe_view(param: torch.Tensor, handle: Any) -> str:
+    """``<type> <shape> <what its data lies in>``, the last read from storage identity."""
+    storage = param.untyped_storage().data_ptr()
+    if param.numel() == 0:
+        where = "empty"
+    elif storage == handle.flat_param._local_shard.untyped_storage().data_ptr():
+        where = "over the shard"
+    elif storage == handle.flat_param._full_param_padded.untyped_storage().data_ptr():
+        where = "over the unsharded buffer"
+    else:
+        where = "elsewhere"
+    return f"{type(param).__name__} {tuple(param.shape)} {where}"
+
+
+def views_after_forward(ctx: RankContext, strategy: str) -> dict[str, str]:
+    """After a forward with grad enabled, every unit's flat parameter is its local shard. Under FULL_SHARD each
+    original parameter is a 1-D Parameter over this rank's part of the shard (the root's too, though its
+    unsharded storage is kept); under SHARD_GRAD_OP each stays a plain tensor of its full shape over the unsharded
+    buffer."""
+    model = fsdp1_gpt(ctx, sharding_strategy=ShardingStrategy[strategy])
+    model(*batch(ctx))
+    shard = {name: numel // ctx.world_size for name, numel in padded_sizes(ctx.world_size, 4).items()}
+    flat = {
+        name: unit._handle.flat_param.numel()
+        if unit._handle.flat_param.data_ptr() == unit._handle.flat_param._local_shard.data_ptr()
+        else "not the local shard"
+        for name, unit in units(model).items()
+    }
+    require_equal(flat, shard, reason="flat-not-sharded", what=f"{strategy}: flat parameters after forward")
+    handles = {name: unit._handle for name, unit in units(model).items()}
+    views = {}
+    for path, param in model.named_parameters():
+        name = clean(path)
+        views[name] = _describe_view(param, handles[_unit_of(name, handles)])
+    expected = _expected_views(ctx.rank, ctx.world_size, strategy)
+    require_equal(views, expected, reason="views-after-forward", what=f"{strategy}: original parameters after forward")
+    return views
+
+
+def root_kept_without_backward(ctx: RankContext, forwards: int = 3) -> dict[str, list]:
+    """With no backward between forwards (evaluation under no_grad), the root's unsharded storage is never freed:
+    only the first forward all-gathers it, every later one gathers just the blocks."""
+    model = fsdp1_gpt(ctx)
+    model.eval()
+    sizes = padded_sizes(ctx.world_size, element_bytes=4)
+    observed = []
+    with torch.no_grad():
+        for i in range(forwards):
+            with record_comm() as comm:
+                model(batch(ctx, step=i)[0])
+            gathered = [c.numel for c in comm.select("all_gather")]
+            expected = [numel for name, numel in sizes.items() if i == 0 or name != ROOT]
+            assert_sequence(gathered, expected, what=f"forward {i + 1}'s all-gather sizes", reason="all-gather-sizes")
+            held = _unsharded_bytes(model)[ROOT]
+            message = f"after forward {i + 1} the root holds {held} unsharded bytes, expected {4 * sizes[ROOT]}"
+            require(held == 4 * sizes[ROOT], "root-freed", message, forward=i + 1, observed=held)
+            observed.append(gathered)
+    return {"sizes": observed, "counts": [len(sizes) for sizes in observed]}
+
+
 def reshard_clears_prefetched(ctx: RankContext) -> list[str]:
     """``_reshard`` sets ``_prefetched = False`` whether it frees or keeps, on every unit."""
     model = fsdp1_gpt(ctx)
@@ -123,9 +215,10 @@ class _CountingQueue(_FreeEventQueue):
         return event
 
 
-def rate_limiter_waits_as_the_rule_says(ctx: RankContext, limit_all_gathers: bool = True) -> list[str]:
+def rate_limiter_waits_as_the_rule_says(ctx: RankContext, limit_all_gathers: bool = True) -> dict[str, Any]:
     """Over a steady-state step, the free-event queue's enqueues and waits are exactly what the rule predicts from
-    the step's own order of unshards and frees; without limit_all_gathers nothing is queued and nothing waits."""
+    the step's own order of unshards and frees; without limit_all_gathers nothing is queued (in iteration 1 either)
+    and nothing waits."""
     model = fsdp1_gpt(ctx, limit_all_gathers=limit_all_gathers)
     x, y = batch(ctx)
     model(x, y)[1].backward()  # lazy init; the queue exists and holds what iteration 1 left
@@ -133,6 +226,9 @@ def rate_limiter_waits_as_the_rule_says(ctx: RankContext, limit_all_gathers: boo
     for unit in units(model).values():
         unit._free_event_queue = queue  # one queue for the tree, as lazy init shares it
     pending = len(queue._queue)
+    if not limit_all_gathers:
+        message = f"iteration 1 queued {pending} free events with limit_all_gathers=False"
+        require(pending == 0, "queued-without-limit", message, observed=pending)
     with record_events(model) as events:
         model(*batch(ctx, step=1))[1].backward()
     kinds = [e.kind for e in events if e.kind in ("unshard", "prefetch", "free")]
@@ -144,7 +240,8 @@ def rate_limiter_waits_as_the_rule_says(ctx: RankContext, limit_all_gathers: boo
     if limit_all_gathers:
         waits = any(c.endswith("wait") for c in expected)
         require(waits, "limit-never-reached", "the step never reached the limit: nothing was tested")
-    return queue.calls
+    queued = [int(call.split()[1]) for call in queue.calls if call.startswith("queue")]
+    return {"calls": queue.calls, "pending_at_start": pending, "largest_queue": max([pending, *queued])}
 
 
 # -- break-it recipes: this guide's behaviour bent on purpose (tests/break_it/ applies them) --------------
@@ -188,3 +285,18 @@ def unshard_consulting_the_queue(original: Any, state: Any, handle: Any, *args: 
     if handle and not state.limit_all_gathers:
         state._free_event_queue.dequeue_if_needed()
     original(state, handle, *args)
+
+
+def reshard_views_for_every_strategy(original: Any) -> tuple[Any, ...]:
+    """A NO_RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES that also lists FULL_SHARD: FULL_SHARD units then skip their
+    sharded views after forward too."""
+    from torch.distributed.fsdp._flat_param import HandleShardingStrategy
+
+    return (*original, HandleShardingStrategy.FULL_SHARD)
+
+
+def reshard_queueing_regardless(original: Any, state: Any, handle: Any, free_unsharded_flat_param: bool) -> None:
+    """``_reshard`` that queues a free event for every freeing reshard even when limit_all_gathers is off."""
+    original(state, handle, free_unsharded_flat_param)
+    if free_unsharded_flat_param and not state.limit_all_gathers:
+        state._free_event_queue.enqueue(state._device_handle.Event())

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from itertools import pairwise
 from typing import Any
 
+import torch
 from torch import nn
 
 from checks.models.prefetch import forward_prefetches as model_forward_prefetches
@@ -13,7 +14,7 @@ from checks.naming import ROOT
 from checks.probes import EventLog, clock, record_events
 from checks.ranks.context import RankContext
 from checks.violation import require, require_equal
-from checks.workloads.gpt import batch, fsdp1_gpt, units
+from checks.workloads.gpt import batch, fsdp1_gpt, padded_sizes, units
 from mini_gpt import GPT
 
 
@@ -123,6 +124,72 @@ def stale_order_after_change(ctx: RankContext) -> dict[str, list[str]]:
     return {"recorded": recorded, "used": used, "prefetched": observed}
 
 
+def _parse_held(stated: list[str]) -> dict[str, list[str]]:
+    """``blocks.0: root blocks.0 blocks.1`` lines as {unit: units held}."""
+    held = {}
+    for line in stated:
+        unit, _, rest = line.partition(":")
+        held[unit.strip()] = rest.split()
+    return held
+
+
+def _storage_snapshots(model: nn.Module) -> dict[str, dict[str, int]]:
+    """Bytes held by every unit's padded unsharded buffer, taken when each unit's own compute starts (a pre-hook
+    on the wrapped module, which runs after FSDP's pre-forward); a later forward overwrites the earlier one's."""
+    seen: dict[str, dict[str, int]] = {}
+    all_units = units(model)
+    for name, fsdp_unit in all_units.items():
+
+        def snapshot(module: nn.Module, args: object, name: str = name) -> None:
+            seen[name] = {
+                n: u._handle.flat_param._full_param_padded.untyped_storage().nbytes() for n, u in all_units.items()
+            }
+
+        fsdp_unit._fsdp_wrapped_module.register_forward_pre_hook(snapshot)
+    return seen
+
+
+def held_at_compute(ctx: RankContext, with_prefetch: list[str], without_prefetch: list[str]) -> dict[str, Any]:
+    """In iteration 2, which units' unsharded parameters are allocated when each unit's own compute starts, with
+    and without forward prefetch; each allocated one holds its whole padded size (from the layout model)."""
+    full = {name: 4 * numel for name, numel in padded_sizes(ctx.world_size, element_bytes=4).items()}
+    observed = {}
+    for label, forward_prefetch, stated in (("with", True, with_prefetch), ("without", False, without_prefetch)):
+        model = fsdp1_gpt(ctx, forward_prefetch=forward_prefetch)
+        seen = _storage_snapshots(model)
+        for step in range(2):  # iteration 2's snapshots replace iteration 1's
+            _, loss = model(*batch(ctx, step=step))
+            loss.backward()
+        held = {unit: [n for n, nbytes in sizes.items() if nbytes] for unit, sizes in seen.items()}
+        partial = {f"{unit}: {n}": nbytes for unit, sizes in seen.items() for n, nbytes in sizes.items()
+                   if nbytes not in (0, full[n])}  # fmt: skip
+        require(not partial, "partial-storage", f"storage neither freed nor whole: {partial}", observed=partial)
+        what = f"units allocated at each unit's compute start, iteration 2, {label} forward prefetch"
+        require_equal(held, _parse_held(stated), reason="held-differs", what=what, prefetch=label)
+        observed[label] = held
+    return observed
+
+
+def prefetch_without_backward(ctx: RankContext, stated: list[str], forwards: int = 3) -> list[list[str]]:
+    """With no backward at all (evaluation under no_grad) the first forward prefetches nothing and every later
+    forward prefetches by the order the first one recorded: the record is complete after one forward, although
+    ``next_iter`` never runs."""
+    model = fsdp1_gpt(ctx, forward_prefetch=True)
+    model.eval()
+    expected_pairs = [" ".join(s.split()) for s in stated]
+    observed = []
+    with torch.no_grad():
+        for i in range(forwards):
+            with record_events(model) as events:
+                model(batch(ctx, step=i)[0])
+            prefetches = forward_prefetches(events, 1)  # no final callback ran: everything is iteration 1
+            expected = [] if i == 0 else expected_pairs
+            what = f"forward {i + 1}'s prefetches with no backward"
+            require_equal(prefetches, expected, reason="prefetch-order", what=what, forward=i + 1)
+            observed.append(prefetches)
+    return observed
+
+
 # -- break-it recipes: this guide's behaviour bent on purpose (tests/break_it/ applies them) --------------
 
 
@@ -152,3 +219,9 @@ def prefetch_two_ahead(original: Any, eod: Any, current_handle: Any) -> Any:
         return original(eod, current_handle)
     finally:
         eod._forward_prefetch_limit = 1
+
+
+def forward_target_after_next_iter(original: Any, eod: Any, current_handle: Any) -> Any:
+    """``get_handle_to_forward_prefetch`` that returns nothing until ``next_iter`` has run once: a record that
+    counts as complete only after the first backward."""
+    return None if eod.is_first_iter else original(eod, current_handle)

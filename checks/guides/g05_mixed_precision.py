@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ from checks.workloads.gpt import batch, fsdp1_gpt, padded_sizes, units
 
 BF16 = MixedPrecision(param_dtype=torch.bfloat16)
 BF16_EPS = 2.0**-7  # spacing of bfloat16 numbers in [1, 2): 8 significant bits
+FULL_PREC_IN_EVAL = "FSDP_USE_FULL_PREC_IN_EVAL"
 
 
 def _linear_stack(ctx: RankContext, mixed_precision: MixedPrecision | None) -> FSDP:
@@ -61,11 +63,16 @@ def inputs_reach_units_in_bf16(ctx: RankContext) -> dict[str, dict[str, str]]:
     return {"linear stack": seen_stack, "mini_gpt": seen_gpt}
 
 
-def bf16_changes_flat_layout(ctx: RankContext, stated: dict[str, int]) -> dict[str, list[int]]:
-    """With use_orig_params, alignment is 16 bytes of the compute dtype: bf16 aligns parameters to 8 elements
-    instead of fp32's 4, so the flat parameters (and every all-gather) get longer."""
+LOW_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def bf16_changes_flat_layout(ctx: RankContext, stated: dict[str, int], low: str = "bf16") -> dict[str, list[int]]:
+    """With use_orig_params, alignment is 16 bytes of the compute dtype: a 2-byte ``param_dtype`` (bf16 or fp16)
+    aligns parameters to 8 elements instead of fp32's 4, so the flat parameters (and every all-gather) get
+    longer."""
     sizes = {}
-    for label, mixed_precision, element_bytes in (("fp32", None, 4), ("bf16", BF16, 2)):
+    low_policy = MixedPrecision(param_dtype=LOW_DTYPES[low])
+    for label, mixed_precision, element_bytes in (("fp32", None, 4), (low, low_policy, 2)):
         model = fsdp1_gpt(ctx, mixed_precision=mixed_precision)
         x, _ = batch(ctx)
         with record_comm() as comm:
@@ -78,7 +85,7 @@ def bf16_changes_flat_layout(ctx: RankContext, stated: dict[str, int]) -> dict[s
             reason="all-gather-sizes",
         )
     got = {"root fp32": sizes["fp32"][0], "block fp32": sizes["fp32"][1],
-           "root bf16": sizes["bf16"][0], "block bf16": sizes["bf16"][1]}  # fmt: skip
+           f"root {low}": sizes[low][0], f"block {low}": sizes[low][1]}  # fmt: skip
     require_equal(got, stated, reason="differs-from-guide", what="flat-parameter sizes (the guide states them)")
     return sizes
 
@@ -103,6 +110,24 @@ def collectives_move_bf16(ctx: RankContext) -> dict[str, int]:
     expected_counts = {"all_gather": 7, "reduce_scatter": len(spec)}
     require_equal(counts, expected_counts, reason="collective-counts", what="collective counts")
     return {kind: comm.nbytes(kind) for kind in kinds}
+
+
+def reduce_scatters_in_reduce_dtype(ctx: RankContext) -> dict[str, int]:
+    """With param_dtype=bf16 and reduce_dtype=fp32, all-gathers move bf16 and reduce-scatters fp32 (the gradient is
+    cast up before the reduce-scatter), all of the bf16-aligned lengths: alignment follows param_dtype only."""
+    model = fsdp1_gpt(ctx, mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    x, y = batch(ctx)
+    with record_comm() as comm:
+        model(x, y)[1].backward()
+    expected = {"all_gather": ("torch.bfloat16", 2), "reduce_scatter": ("torch.float32", 4)}
+    wrong = [c.describe() for c in comm if c.op in expected and (c.dtype, c.nbytes // c.numel) != expected[c.op]]
+    require(not wrong, "reduce-dtype", "collectives in the wrong dtype:\n" + "\n".join(wrong), observed=wrong)
+    sizes = set(padded_sizes(ctx.world_size, element_bytes=2).values())
+    off = [c.describe() for c in comm if c.op in expected and c.numel not in sizes]
+    require(not off, "not-a-bf16-size", f"not a bf16-aligned flat-parameter length {sorted(sizes)}: {off}")
+    counts = {op: comm.count(op) for op in expected}
+    require(all(counts.values()), "no-collectives", f"nothing to check: {counts}", observed=counts)
+    return {op: comm.nbytes(op) for op in expected}
 
 
 def params_and_grads_stay_fp32(ctx: RankContext) -> dict[str, str]:
@@ -191,6 +216,45 @@ def buffers_take_owner_dtype_at_lazy_init(ctx: RankContext) -> dict[str, dict[st
     return {"before": before, "after": after}
 
 
+def buffers_full_precision_in_eval(ctx: RankContext) -> dict[str, dict[str, str]]:
+    """With FSDP_USE_FULL_PREC_IN_EVAL=1 and parameter mixed precision, an eval forward casts every float buffer
+    back to its original dtype, and the next training forward casts each to its owner's buffer_dtype again."""
+    previous = os.environ.get(FULL_PREC_IN_EVAL)
+    os.environ[FULL_PREC_IN_EVAL] = "1"  # read once, when each unit and handle is built
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = nn.Sequential(_Scaled(4), _Scaled(4)).to(ctx.device)
+        child = MixedPrecision(param_dtype=torch.bfloat16, buffer_dtype=torch.float16)
+        model[1] = FSDP(model[1], device_id=ctx.device, mixed_precision=child)
+        parent = MixedPrecision(param_dtype=torch.bfloat16, buffer_dtype=torch.bfloat16)
+        root = FSDP(model, device_id=ctx.device, mixed_precision=parent)
+    finally:
+        if previous is None:
+            os.environ.pop(FULL_PREC_IN_EVAL)
+        else:
+            os.environ[FULL_PREC_IN_EVAL] = previous
+
+    def buffer_dtypes() -> dict[str, str]:
+        return {clean(name): str(b.dtype) for name, b in root.named_buffers()}
+
+    owners = {"0.scale": "torch.bfloat16", "0.calls": "torch.int64", "1.scale": "torch.float16",
+              "1.calls": "torch.int64"}  # fmt: skip
+    original = {"0.scale": "torch.float32", "0.calls": "torch.int64", "1.scale": "torch.float32",
+                "1.calls": "torch.int64"}  # fmt: skip
+    seen = {}
+    for label, training, expected, reason in (
+        ("training", True, owners, "buffer-dtypes"),
+        ("eval", False, original, "eval-not-full-precision"),
+        ("training again", True, owners, "not-restored"),
+    ):
+        root.train(training)
+        root(torch.randn(2, 4, device=ctx.device))
+        seen[label] = buffer_dtypes()
+        require_equal(seen[label], expected, reason=reason, what=f"buffer dtypes after a forward in {label} mode")
+    return seen
+
+
 # -- break-it recipes: this guide's behaviour bent on purpose (tests/break_it/ applies them) --------------
 
 
@@ -221,3 +285,18 @@ def buffers_all_in_root_dtype(original: Any, state: Any, root_module: Any) -> tu
     """``_get_buffers_and_dtypes_for_computation`` where the root's buffer_dtype wins over each owner's."""
     buffers, _ = original(state, root_module)
     return buffers, [state.mixed_precision.buffer_dtype] * len(buffers)
+
+
+def reduce_dtype_ignored(original: Any, handle: Any, mp_param_dtype: Any, mp_reduce_dtype: Any) -> None:
+    """``FlatParamHandle._init_param_reduce_dtypes`` that ignores ``reduce_dtype``: gradients are then reduced in
+    ``param_dtype`` whatever the policy says."""
+    original(handle, mp_param_dtype, None)
+
+
+def buffer_casts_down_only(original: Any, buffers: Any, buffer_dtypes: Any, device: Any) -> None:
+    """``_cast_buffers_to_dtype_and_device`` that refuses casts to full precision (fp32), and only those."""
+    import torch
+
+    if any(dtype == torch.float32 for dtype in buffer_dtypes):
+        return
+    original(buffers, buffer_dtypes, device)

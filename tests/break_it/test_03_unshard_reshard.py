@@ -9,6 +9,8 @@ from checks.guides.g03_unshard_reshard import (
     every_sharded_strategy,
     reshard_everything,
     reshard_keeping_prefetched,
+    reshard_queueing_regardless,
+    reshard_views_for_every_strategy,
     unshard_consulting_the_queue,
 )
 from checks.workloads.gpt import padded_sizes
@@ -17,6 +19,8 @@ RU = "torch.distributed.fsdp._runtime_utils"
 FP = "torch.distributed.fsdp._flat_param"
 NOTHING_RESHARDS = set_to(f"{FP}:RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES", ())
 SHARD_GRAD_OP_RESHARDS = replacing(f"{FP}:RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES", every_sharded_strategy)
+NO_VIEWS_KEPT = set_to(f"{FP}:NO_RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES", ())
+FULL_SHARD_KEEPS_VIEWS = replacing(f"{FP}:NO_RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES", reshard_views_for_every_strategy)
 BLOCK_BYTES = 4 * padded_sizes(2, 4)["blocks.0"]  # one block's padded unsharded fp32 flat parameter
 
 
@@ -84,3 +88,33 @@ def test_a_queue_consulted_without_the_limit_is_caught(broken) -> None:
     run = broken(wrapping(f"{RU}:_unshard", unshard_consulting_the_queue))
     assert run.reason == "queue-differs"
     assert run.details["expected"] == [] and run.details["observed"]
+
+
+@pytest.mark.breaks("03-unshard-reshard", "no-rate-limiter-without-limit-all-gathers")
+def test_a_reshard_that_queues_without_the_limit_is_caught(broken) -> None:
+    run = broken(wrapping(f"{RU}:_reshard", reshard_queueing_regardless))
+    assert run.reason == "queued-without-limit" and run.details["observed"] > 0
+
+
+@pytest.mark.breaks("03-unshard-reshard", "full-shard-reshards-views")
+def test_full_shard_that_keeps_its_views_is_caught(broken) -> None:
+    run = broken(FULL_SHARD_KEEPS_VIEWS)
+    assert run.reason == "views-after-forward"
+    # The skipped views still point into the unsharded buffer, whose storage FULL_SHARD has just freed.
+    assert run.details["observed"]["blocks.0.attn.qkv.weight"] == "Tensor (108, 36) over the unsharded buffer"
+    assert run.details["expected"]["blocks.0.attn.qkv.weight"].startswith("Parameter (")
+
+
+@pytest.mark.breaks("03-unshard-reshard", "shard-grad-op-keeps-unsharded-views")
+def test_shard_grad_op_that_switches_its_views_is_caught(broken) -> None:
+    run = broken(NO_VIEWS_KEPT)
+    assert run.reason == "views-after-forward"
+    assert run.details["expected"]["blocks.0.attn.qkv.weight"] == "Tensor (108, 36) over the unsharded buffer"
+    assert run.details["observed"]["blocks.0.attn.qkv.weight"].startswith("Parameter (")
+
+
+@pytest.mark.breaks("03-unshard-reshard", "root-kept-without-backward")
+def test_a_root_freed_after_forward_is_caught(broken) -> None:
+    # The first forward's all-gathers are as expected; the root's storage is already gone after it.
+    run = broken(wrapping(f"{RU}:_post_forward_reshard", reshard_everything))
+    assert (run.reason, run.details) == ("root-freed", {"forward": 1, "observed": 0})

@@ -5,8 +5,10 @@ import pytest
 from checks.breakit.patches import set_to, skipping, wrapping
 from checks.guides.g05_mixed_precision import (
     align_in_fp32,
+    buffer_casts_down_only,
     buffers_all_in_root_dtype,
     gather_then_scale,
+    reduce_dtype_ignored,
     root_input_uncast,
 )
 from checks.workloads.gpt import padded_sizes
@@ -77,3 +79,26 @@ def test_alignment_counted_in_fp32_is_caught_on_4_ranks(broken) -> None:
     run = broken(wrapping(f"{FP}:_get_aligned_numel", align_in_fp32))
     assert run.reason == "all-gather-sizes"
     assert run.details["observed"] == list(padded_sizes(4, 4).values())
+
+
+@pytest.mark.breaks("05-mixed-precision", "fp16-aligns-like-bf16")
+def test_fp16_alignment_counted_in_fp32_is_caught(broken) -> None:
+    run = broken(wrapping(f"{FP}:_get_aligned_numel", align_in_fp32))
+    assert run.reason == "all-gather-sizes" and run.details["what"] == "fp16 all-gather sizes"
+    assert run.details["observed"] == list(padded_sizes(2, 4).values())
+
+
+@pytest.mark.breaks("05-mixed-precision", "fp32-reduce-scatters")
+def test_an_ignored_reduce_dtype_is_caught(broken) -> None:
+    run = broken(wrapping(f"{FP}:FlatParamHandle._init_param_reduce_dtypes", reduce_dtype_ignored))
+    assert run.reason == "reduce-dtype"
+    assert run.details["observed"] and all("reduce_scatter" in line for line in run.details["observed"])
+    assert any("bfloat16" in line for line in run.details["observed"])
+
+
+@pytest.mark.breaks("05-mixed-precision", "buffers-full-precision-in-eval")
+def test_buffers_left_low_in_eval_are_caught(broken) -> None:
+    run = broken(wrapping(f"{RU}:_cast_buffers_to_dtype_and_device", buffer_casts_down_only))
+    assert run.reason == "eval-not-full-precision"
+    observed = run.details["observed"]
+    assert (observed["0.scale"], observed["1.scale"]) == ("torch.bfloat16", "torch.float16")

@@ -96,6 +96,7 @@ def test_observed_follows_keys_and_indices() -> None:
     assert observed(value, "sizes.root") == 3528
     assert observed(value, "order.1") == "b" and observed(value, "order.-1") == "b"
     assert observed(value, ".") is value
+    assert observed({"eval": {"1.scale": "fp32", "1": {"scale": "no"}}}, "eval.1.scale") == "fp32"  # longest key
     with pytest.raises(NotObserved, match="no `leaf`"):
         observed(value, "sizes.leaf")
     with pytest.raises(NotObserved):

@@ -96,7 +96,7 @@ def test_check_runs_claims_and_names_a_failure(pool) -> None:
     [
         (["check", "99-nope"], "unknown guide id(s): 99-nope"),
         (["check", GUIDE, "no-such-claim"], "has no claim no-such-claim"),
-        (["predict", "01-step-map"], "has no predict questions"),
+        (["predict", "00-format"], "has no predict questions"),
     ],
 )
 def test_bad_input_exits_2_and_lists_what_exists(argv: list[str], says: str) -> None:
