@@ -47,19 +47,25 @@ def batch(ctx: RankContext, step: int = 0, global_batch_size: int = 8, preset_na
     return x.to(ctx.device), y.to(ctx.device)
 
 
-def unit_numels(preset_name: str = "tiny") -> dict[str, list[int]]:
-    """Parameter sizes per unit of mini_gpt wrapped as root + one unit per block, in registration order (the
-    order FSDP flattens them), root first; a tied weight counts once, in its first owner. The input the
-    flat-parameter model (`checks.models.flat_param`) turns into sizes."""
+def unit_parameters(preset_name: str = "tiny") -> dict[str, list[tuple[str, int]]]:
+    """(name, numel) of each parameter per unit of mini_gpt wrapped as root + one unit per block, in
+    registration order (the order FSDP flattens them), root first; a tied weight counts once, in its first owner.
+    Names are the unwrapped model's (``blocks.0.attn.qkv.weight``). Built on the meta device: no memory, no RNG."""
     config = preset(preset_name)
     blocks = [f"blocks.{i}" for i in range(config.n_layer)]
-    numels: dict[str, list[int]] = {ROOT: [], **{name: [] for name in blocks}}
+    found: dict[str, list[tuple[str, int]]] = {ROOT: [], **{name: [] for name in blocks}}
     with torch.device("meta"):
         model = GPT(config)
     for name, param in model.named_parameters():  # named_parameters() skips the tied duplicate
         prefix = ".".join(name.split(".")[:2])
-        numels[prefix if prefix in numels else ROOT].append(param.numel())
-    return numels
+        found[prefix if prefix in found else ROOT].append((name, param.numel()))
+    return found
+
+
+def unit_numels(preset_name: str = "tiny") -> dict[str, list[int]]:
+    """Parameter sizes per unit (see `unit_parameters`): the input the flat-parameter model
+    (`checks.models.flat_param`) turns into sizes."""
+    return {unit: [numel for _, numel in params] for unit, params in unit_parameters(preset_name).items()}
 
 
 def padded_sizes(world_size: int, element_bytes: int, preset_name: str = "tiny") -> dict[str, int]:

@@ -1,0 +1,291 @@
+"""Checks for guide 08, post-backward and reduce-scatter: what each rank's sharded gradient is, numerically.
+
+The expected gradients never come from FSDP: a DDP replica of the same model (same seed, same per-rank batches)
+gives the mean gradient, and the flat-parameter model (`checks.models.flat_param`) says where each parameter's
+gradient sits in the unit's padded flat gradient and which slice is this rank's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import MixedPrecision
+
+from checks.models import divide_factors
+from checks.models.flat_param import layout
+from checks.models.prefetch import backward_sequence
+from checks.naming import ROOT
+from checks.probes import assert_sequence, record_comm, record_events
+from checks.ranks.context import RankContext
+from checks.violation import require, require_equal
+from checks.workloads import toy
+from checks.workloads.gpt import batch, fsdp1_gpt, padded_sizes, unit_parameters, units
+from checks.workloads.toy import wrap_ddp
+from mini_gpt import GPT, preset
+
+# Post-forward order of the tiny wrap: the blocks in forward order, the root (whose forward ends last) last.
+POST_FORWARD = ("blocks.0", "blocks.1", "blocks.2", ROOT)
+
+
+def post_backward_order(post_forward: tuple[str, ...]) -> list[str]:
+    """Units in the order their post-backward hooks run, by the prefetch model's backward sequence."""
+    return [line.split()[1] for line in backward_sequence(post_forward, None) if line.startswith("post_backward")]
+
+
+def _ddp_gpt(ctx: RankContext, seed: int = 0) -> nn.Module:
+    return wrap_ddp(GPT(preset("tiny"), seed=seed).to(ctx.device), ctx)
+
+
+def _ddp_grads(ddp: nn.Module) -> dict[str, torch.Tensor]:
+    """DDP's averaged gradients by the unwrapped model's parameter names."""
+    return {name.removeprefix("module."): p.grad for name, p in ddp.named_parameters() if p.grad is not None}
+
+
+def expected_shards(grads: dict[str, torch.Tensor], world_size: int, rank: int) -> dict[str, torch.Tensor]:
+    """Each unit's sharded gradient on ``rank`` as the layout model places DDP's gradients: parameters in
+    flattening order, zeros in the alignment and world-size padding, then this rank's equal slice."""
+    shards = {}
+    for unit, params in unit_parameters().items():
+        flat = layout([numel for _, numel in params], element_bytes=4, world_size=world_size)
+        full = torch.zeros(flat.padded_numel, dtype=torch.float32)
+        for (name, numel), start in zip(params, flat.starts, strict=True):
+            full[start : start + numel] = grads[name].detach().flatten().cpu()
+        lo, hi = flat.shard_range(rank)
+        shards[unit] = full[lo:hi]
+    return shards
+
+
+def _fsdp_shards(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: unit._handle.flat_param.grad.detach().cpu() for name, unit in units(model).items()}
+
+
+def _differences(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> dict[str, dict[str, Any]]:
+    """Per unit: shapes, whether bitwise equal, the largest absolute difference and the largest |gradient|."""
+    out = {}
+    for unit, expected in want.items():
+        observed = got[unit]
+        same_shape = observed.shape == expected.shape
+        out[unit] = {
+            "shape": list(observed.shape),
+            "expected_shape": list(expected.shape),
+            "bitwise": same_shape and torch.equal(observed, expected),
+            "max_abs_diff": (observed - expected).abs().max().item() if same_shape else None,
+            "max_abs_grad": expected.abs().max().item(),
+        }
+    return out
+
+
+def sharded_grad_is_ddp_slice(ctx: RankContext, steps: int = 1, bitwise: bool = True, rtol: float = 0.0) -> dict:
+    """After a backward on the same data, each unit's sharded flat gradient equals this rank's slice of DDP's
+    averaged gradient, laid out by the flat-parameter model: bitwise (``bitwise``), or within ``rtol`` of the
+    largest gradient magnitude of the unit."""
+    fsdp, ddp = fsdp1_gpt(ctx), _ddp_gpt(ctx)
+    x, y = batch(ctx)
+    fsdp(x, y)[1].backward()
+    ddp(x, y)[1].backward()
+    diffs = _differences(_fsdp_shards(fsdp), expected_shards(_ddp_grads(ddp), ctx.world_size, ctx.rank))
+    for unit, d in diffs.items():
+        what = f"rank {ctx.rank} {unit}: sharded gradient shape"
+        require_equal(d["shape"], d["expected_shape"], reason="shard-shape", what=what, unit=unit)
+        if bitwise:
+            message = f"rank {ctx.rank} {unit}: sharded gradient is not DDP's slice (max |Δ| {d['max_abs_diff']:.3g})"
+            require(d["bitwise"], "not-bitwise", message, unit=unit, **d)
+        else:
+            bound = rtol * d["max_abs_grad"]
+            message = (
+                f"rank {ctx.rank} {unit}: max |FSDP − DDP| = {d['max_abs_diff']:.3g} exceeds {rtol:g} × the unit's "
+                f"largest gradient {d['max_abs_grad']:.3g}"
+            )
+            require(d["max_abs_diff"] <= bound, "beyond-tolerance", message, unit=unit, bound=bound, **d)
+    return {
+        unit: {"bitwise": d["bitwise"], "max_abs_diff": d["max_abs_diff"], "relative": _relative(d)}
+        for unit, d in diffs.items()
+    }
+
+
+def _relative(d: dict[str, Any]) -> float:
+    return d["max_abs_diff"] / d["max_abs_grad"] if d["max_abs_grad"] else 0.0
+
+
+def one_reduce_scatter_per_unit(ctx: RankContext) -> dict[str, Any]:
+    """One backward issues exactly one reduce-scatter per unit, in post-backward order (blocks.2 … root), each
+    of the unit's padded unsharded size in fp32 and from `_reduce_grad`; nothing else is reduced, and no
+    all-reduce runs."""
+    model = fsdp1_gpt(ctx)
+    x, y = batch(ctx)
+    loss = model(x, y)[1]
+    with record_comm() as comm:
+        loss.backward()
+    sizes = padded_sizes(ctx.world_size, element_bytes=4)
+    scatters = comm.select("reduce_scatter")
+    order = post_backward_order(POST_FORWARD)
+    expected = [sizes[unit] for unit in order]
+    assert_sequence([c.numel for c in scatters], expected, what="reduce-scatter sizes", reason="reduce-scatters")
+    callers = sorted({c.caller.split(":")[1] for c in scatters})
+    require_equal(callers, ["_reduce_grad"], reason="reduce-scatter-caller", what="reduce-scatter callers")
+    dtypes = sorted({c.dtype for c in scatters})
+    require_equal(dtypes, ["torch.float32"], reason="reduce-dtype", what="reduce-scatter dtypes")
+    reductions = sorted({c.op for c in comm if c.op in ("all_reduce", "reduce_scatter")})
+    require_equal(reductions, ["reduce_scatter"], reason="other-reduction", what="gradient reductions")
+    return {"sizes": [c.numel for c in scatters], "shard": [c.numel // ctx.world_size for c in scatters]}
+
+
+def toy_reduce_scatter_pads_to_n(ctx: RankContext) -> dict[str, list[int]]:
+    """On the toy, whose root holds 30 elements, the root's reduce-scatter input is padded with zeros to a
+    multiple of N (32 at N=4) and each rank receives an equal shard, its tail padding included."""
+    model = toy.wrap_fsdp1(toy.toy_model(ctx.device), ctx)
+    loss = model(toy.toy_batch(ctx)).sum()
+    with record_comm() as comm:
+        loss.backward()
+    numels = {unit: [o * i, o] for unit, (i, o) in zip(("0", "1", "2"), toy.TOY_LAYERS, strict=True)}
+    numels[ROOT] = numels.pop("2")  # the root keeps the last layer
+    order = [
+        line.split()[1] for line in backward_sequence(("0", "1", ROOT), "BACKWARD_PRE") if line.startswith("post_")
+    ]
+    flats = {unit: layout(numels[unit], 4, ctx.world_size, align=False) for unit in order}
+    expected = [flats[unit].padded_numel for unit in order]
+    scatters = comm.select("reduce_scatter")
+    assert_sequence([c.numel for c in scatters], expected, what="toy reduce-scatter sizes", reason="reduce-scatters")
+    shards = {unit: model if unit == ROOT else getattr(model, unit) for unit in order}
+    got = {unit: shards[unit]._handle.flat_param.grad.numel() for unit in order}
+    want = {unit: flats[unit].shard_numel for unit in order}
+    require_equal(got, want, reason="shard-size", what="sharded gradient lengths")
+    return {"sizes": [c.numel for c in scatters], "unpadded": [flats[u].unpadded_numel for u in order], "shard": got}
+
+
+def reduce_scatter_in_post_backward(ctx: RankContext) -> list[str]:
+    """Each unit's reduce-scatter is issued from its own post-backward hook, right after its gradient exists and
+    before autograd reaches the next unit: in the merged order of hooks and collectives, every
+    ``post_backward U`` is followed at once by a reduce-scatter (the prefetch model gives the hook order)."""
+    model = fsdp1_gpt(ctx)
+    x, y = batch(ctx)
+    loss = model(x, y)[1]
+    with record_comm() as comm, record_events(model) as events:
+        loss.backward()
+    hooks = [(e.seq, f"{e.kind} {e.unit}") for e in events if e.kind in ("pre_backward", "post_backward")]
+    scatters = [(c.seq, "reduce_scatter") for c in comm.select("reduce_scatter")]
+    observed = [what for _, what in sorted(hooks + scatters)]
+    expected = []
+    for line in backward_sequence(POST_FORWARD, "BACKWARD_PRE"):
+        if not line.startswith("prefetch"):
+            expected.append(line)
+        if line.startswith("post_backward"):
+            expected.append("reduce_scatter")
+    assert_sequence(observed, expected, what="backward hooks and reduce-scatters", reason="reduce-scatter-timing")
+    return observed
+
+
+def divide_factors_multiply_to_n(ctx: RankContext) -> dict[str, float]:
+    """Every unit divides by the model's pre-factor before the reduce-scatter and by N / pre after it."""
+    model = fsdp1_gpt(ctx)
+    model(*batch(ctx))  # lazy init
+    want = {"pre": divide_factors.predivide(ctx.world_size), "post": divide_factors.postdivide(ctx.world_size)}
+    for name, unit in units(model).items():
+        got = {"pre": float(unit._gradient_predivide_factor), "post": float(unit._gradient_postdivide_factor)}
+        require_equal(got, want, reason="divide-factors", what=f"{name}'s divide factors", unit=name)
+    require(want["pre"] * want["post"] == ctx.world_size, "not-a-mean", f"{want} do not multiply to N")
+    return want
+
+
+def accumulation_sums_shards(ctx: RankContext) -> dict[str, bool]:
+    """Two backwards without no_sync (no step, no zero_grad between them) leave each sharded gradient equal to
+    the sum of the two backwards' expected shards, each computed from a fresh DDP step on its own batch."""
+    fsdp = fsdp1_gpt(ctx)
+    batches = [batch(ctx, step=0), batch(ctx, step=1)]
+    for x, y in batches:
+        fsdp(x, y)[1].backward()
+    summed: dict[str, torch.Tensor] = {}
+    for x, y in batches:
+        ddp = _ddp_gpt(ctx)
+        ddp(x, y)[1].backward()
+        for unit, shard in expected_shards(_ddp_grads(ddp), ctx.world_size, ctx.rank).items():
+            summed[unit] = summed[unit] + shard if unit in summed else shard
+    diffs = _differences(_fsdp_shards(fsdp), summed)
+    for unit, d in diffs.items():
+        message = f"rank {ctx.rank} {unit}: the accumulated gradient is not the sum (max |Δ| {d['max_abs_diff']})"
+        require(d["bitwise"], "not-summed", message, unit=unit, **d)
+    return {unit: d["bitwise"] for unit, d in diffs.items()}
+
+
+def reduce_and_stored_dtypes(ctx: RankContext) -> dict[str, dict[str, str]]:
+    """Under param_dtype=bf16 the reduce-scatter runs in ``reduce_dtype`` when it is set and in bf16 when it is
+    not; either way the gradient each unit finally stores is fp32, the parameters' own dtype."""
+    seen = {}
+    for label, reduce_dtype in (("reduce_dtype unset", None), ("reduce_dtype fp32", torch.float32)):
+        policy = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
+        model = fsdp1_gpt(ctx, mixed_precision=policy)
+        x, y = batch(ctx)
+        loss = model(x, y)[1]
+        with record_comm() as comm:
+            loss.backward()
+        expected = "torch.bfloat16" if reduce_dtype is None else "torch.float32"
+        reduced = sorted({c.dtype for c in comm.select("reduce_scatter")})
+        require_equal(reduced, [expected], reason="reduce-dtype", what=f"{label}: reduce-scatter dtypes")
+        stored = sorted({str(unit._handle.flat_param.grad.dtype) for unit in units(model).values()})
+        require_equal(stored, ["torch.float32"], reason="stored-dtype", what=f"{label}: stored gradient dtypes")
+        seen[label] = {"reduce_scatter": reduced[0], "stored": stored[0]}
+    return seen
+
+
+# -- break-it recipes: this guide's behaviour bent on purpose (tests/break_it/ applies them) --------------
+
+
+def sum_not_mean(original: Any, tensor: Any, div_factor: float) -> None:
+    """``_div_if_needed`` that never divides: every rank's gradient is summed, not averaged."""
+
+
+def reduce_scatter_twice(original: Any, output: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
+    """``dist.reduce_scatter_single`` issued twice on the same input (the second result is kept)."""
+    original(output, input, *args, **kwargs)
+    return original(output, input, *args, **kwargs)
+
+
+def overwrite_instead_of_accumulate(original: Any, state: Any, handle: Any, sharded_grad: Any) -> Any:
+    """``_accumulate_sharded_grad`` that forgets the saved gradient shard, so a second backward overwrites it."""
+    flat_param = handle.flat_param
+    if hasattr(flat_param, "_saved_grad_shard"):
+        del flat_param._saved_grad_shard
+    return original(state, handle, sharded_grad)
+
+
+def keep_reduced_dtype(original: Any, state: Any, sharded_grad: Any, param: Any) -> None:
+    """``_cast_grad_to_param_dtype`` that leaves the gradient in the dtype it was reduced in."""
+
+
+def without_postdivide(original: Any, state: Any, handle: Any) -> None:
+    """``_reduce_grad`` with the post-divide factor forced to 1: the pre-divide alone is not a mean unless N = 2."""
+    state._gradient_postdivide_factor = 1.0
+    original(state, handle)
+
+
+def reduce_in_fp32(original: Any, state: Any, handle: Any, *args: Any) -> Any:
+    """``_post_backward_hook`` whose handle reduces in fp32 whatever the policy says."""
+    handle._reduce_dtype = torch.float32
+    return original(state, handle, *args)
+
+
+_DEFERRED: list[tuple[Any, Any, Any]] = []
+
+
+def defer_reduction(original: Any, state: Any, handle: Any) -> None:
+    """``_reduce_grad`` that only remembers the unit; `reduce_deferred` reduces them all at the end."""
+    _DEFERRED.append((original, state, handle))
+
+
+def reduce_deferred(original: Any, state: Any, module: Any) -> None:
+    """``_post_backward_final_callback`` that first reduces everything `defer_reduction` held back."""
+    while _DEFERRED:
+        reduce, unit_state, handle = _DEFERRED.pop(0)
+        reduce(unit_state, handle)
+    original(state, module)
+
+
+def pad_a_chunk_more(original: Any, state: Any, unsharded_grad: Any) -> tuple[Any, Any]:
+    """``_get_reduce_scatter_tensors`` that pads one whole chunk more than a multiple of N needs."""
+    import torch.nn.functional as F
+
+    padded, shard = original(state, unsharded_grad)
+    extra = shard.numel() + 1
+    return F.pad(padded, [0, extra * state.world_size]), torch.empty(shard.numel() + extra, dtype=shard.dtype)

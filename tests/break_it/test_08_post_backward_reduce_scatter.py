@@ -1,0 +1,132 @@
+"""Guide 08: bend the gradient reduction and watch its claims fail: wrong values, wrong timing, missing or
+doubled collectives, a lost accumulation, the wrong dtype."""
+
+import pytest
+
+from checks.breakit.patches import returning, skipping, wrapping
+from checks.guides.g08_post_backward_reduce_scatter import (
+    defer_reduction,
+    keep_reduced_dtype,
+    overwrite_instead_of_accumulate,
+    pad_a_chunk_more,
+    reduce_deferred,
+    reduce_in_fp32,
+    reduce_scatter_twice,
+    sum_not_mean,
+    without_postdivide,
+)
+
+RU = "torch.distributed.fsdp._runtime_utils"
+C10D = "torch.distributed.distributed_c10d"
+PREDIVIDE = "torch.distributed.algorithms._comm_hooks.default_hooks:DefaultState._get_gradient_predivide_factor"
+NO_REDUCE_SCATTER = skipping(f"{C10D}:reduce_scatter_single")
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "one-reduce-scatter-per-unit")
+def test_a_doubled_reduce_scatter_is_caught(broken) -> None:
+    run = broken(wrapping(f"{C10D}:reduce_scatter_single", reduce_scatter_twice))
+    assert run.reason == "reduce-scatters"
+    assert run.details["observed"] == [16020, 16020, 16020, 16020, 16020, 16020, 3528, 3528]
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "one-reduce-scatter-per-unit")
+def test_a_missing_reduce_scatter_is_caught(broken) -> None:
+    run = broken(NO_REDUCE_SCATTER)
+    assert (run.reason, run.details["observed"]) == ("reduce-scatters", [])
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "one-reduce-scatter-per-unit-at-4")
+def test_a_missing_reduce_scatter_is_caught_on_4_ranks(broken) -> None:
+    run = broken(NO_REDUCE_SCATTER)
+    assert (run.reason, run.details["observed"]) == ("reduce-scatters", [])
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "toy-reduce-scatter-pads-at-4")
+def test_padding_beyond_a_multiple_of_n_is_caught(broken) -> None:
+    # Any other shard length is refused by torch itself when the shard becomes the gradient, before the check
+    # compares sizes: the failure is torch's, for the right reason.
+    run = broken(wrapping(f"{RU}:_get_reduce_scatter_tensors", pad_a_chunk_more))
+    assert run.reason is None and run.error_types == {"builtins.RuntimeError"}
+    assert all("the gradient and the tensor are the same size" in r.message for r in run.failed)
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "reduce-scatter-in-post-backward")
+def test_reductions_deferred_to_the_end_of_backward_are_caught(broken) -> None:
+    run = broken(
+        wrapping(f"{RU}:_reduce_grad", defer_reduction),
+        wrapping(f"{RU}:_post_backward_final_callback", reduce_deferred),
+    )
+    assert run.reason == "reduce-scatter-timing"
+    assert run.details["observed"][-4:] == ["reduce_scatter"] * 4 and run.details["first"] == 3
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "sharded-grad-is-ddp-slice")
+def test_a_sum_instead_of_a_mean_is_caught(broken) -> None:
+    run = broken(wrapping(f"{RU}:_div_if_needed", sum_not_mean))
+    assert run.reason == "not-bitwise" and run.details["max_abs_diff"] > 0
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "sharded-grad-is-ddp-slice")
+def test_no_reduction_at_all_is_caught(broken) -> None:
+    run = broken(NO_REDUCE_SCATTER)
+    assert run.reason == "not-bitwise"
+
+
+def test_a_lost_post_divide_cannot_show_on_2_ranks(pool, request) -> None:
+    # The guide says so: at N=2 the post-divide factor is 1 and _div_if_needed skips it. The claim still passes.
+    from reader.plugin import claim_request
+    from tests.break_it.conftest import guides
+
+    guide = guides()["08-post-backward-reduce-scatter"]
+    patch = wrapping(f"{RU}:_reduce_grad", without_postdivide)
+    run = pool.run(claim_request(request.config, guide, guide.claim("sharded-grad-is-ddp-slice"), patches=(patch,)))
+    assert run.ok, run.failure
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "sharded-grad-close-to-ddp-at-4")
+def test_a_lost_post_divide_is_caught_on_4_ranks(broken) -> None:
+    run = broken(wrapping(f"{RU}:_reduce_grad", without_postdivide))
+    assert run.reason == "beyond-tolerance"
+    # Twice the mean: the difference is the whole gradient, far beyond the ulp-sized bound.
+    assert run.details["max_abs_diff"] > 1e5 * run.details["bound"]
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "sharded-grad-close-to-ddp-at-4")
+def test_a_sum_instead_of_a_mean_is_caught_on_4_ranks(broken) -> None:
+    run = broken(wrapping(f"{RU}:_div_if_needed", sum_not_mean))
+    assert run.reason == "beyond-tolerance"
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "divide-factors")
+def test_a_predivide_of_one_is_caught(broken) -> None:
+    run = broken(returning(PREDIVIDE, 1.0))
+    assert run.reason == "divide-factors"
+    assert (run.details["observed"], run.details["expected"]) == ({"pre": 1.0, "post": 2.0}, {"pre": 2.0, "post": 1.0})
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "divide-factors-at-4")
+def test_a_predivide_of_one_is_caught_on_4_ranks(broken) -> None:
+    run = broken(returning(PREDIVIDE, 1.0))
+    assert run.reason == "divide-factors"
+    assert run.details["observed"] == {"pre": 1.0, "post": 4.0}
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "accumulation-sums")
+def test_an_accumulation_that_overwrites_is_caught(broken) -> None:
+    run = broken(wrapping(f"{RU}:_accumulate_sharded_grad", overwrite_instead_of_accumulate))
+    assert run.reason == "not-summed" and run.details["max_abs_diff"] > 0
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "reduce-and-stored-dtypes")
+def test_a_reduce_dtype_that_ignores_the_policy_is_caught(broken) -> None:
+    run = broken(wrapping(f"{RU}:_post_backward_hook", reduce_in_fp32))
+    assert run.reason == "reduce-dtype"
+    assert (run.details["observed"], run.details["expected"]) == (["torch.float32"], ["torch.bfloat16"])
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "reduce-and-stored-dtypes")
+def test_a_gradient_left_in_bf16_is_caught(broken) -> None:
+    # torch itself refuses the bf16 gradient for an fp32 parameter before the check can read the stored dtype.
+    run = broken(wrapping(f"{RU}:_cast_grad_to_param_dtype", keep_reduced_dtype))
+    assert run.reason is None and run.error_types == {"builtins.RuntimeError"}
+    assert all("attempting to assign a gradient with dtype 'c10::BFloat16'" in r.message for r in run.failed)
