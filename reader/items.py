@@ -171,6 +171,13 @@ def claim_verdict(item: GuideItem, claim: ClaimSpec | None = None) -> ClaimVerdi
     return verdict
 
 
+def _mark_like(item: GuideItem, claim: ClaimSpec) -> None:
+    """An item that runs ``claim`` carries its markers: ``world_size(n)`` and the claim's own (``slow``, ``gpu``)."""
+    item.add_marker(pytest.mark.world_size(claim.world_size))
+    for marker in claim.markers:
+        item.add_marker(getattr(pytest.mark, marker))
+
+
 class ClaimItem(GuideItem):
     """Runs the claim's check on the rank pool; passes only if it passed and some anchored torch code ran."""
 
@@ -179,9 +186,7 @@ class ClaimItem(GuideItem):
         self.guide = guide
         self.claim = claim
         self.line = claim.line
-        self.add_marker(pytest.mark.world_size(claim.world_size))
-        for marker in claim.markers:
-            self.add_marker(getattr(pytest.mark, marker))
+        _mark_like(self, claim)
 
     def runtest(self) -> None:
         if session_of(self.config).resources.preview is not None:
@@ -214,9 +219,7 @@ class PredictItem(GuideItem):
         self.question = question
         self.claim = guide.claim(question.claim)
         self.line = question.start
-        self.add_marker(pytest.mark.world_size(self.claim.world_size))
-        for marker in self.claim.markers:
-            self.add_marker(getattr(pytest.mark, marker))
+        _mark_like(self, self.claim)
 
     def runtest(self) -> None:
         if session_of(self.config).resources.preview is not None:

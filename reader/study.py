@@ -238,7 +238,8 @@ def run_predict(args: argparse.Namespace, console: Console) -> int:
         for number, question in enumerate(questions, start=1):
             console.print(_ask(question, number, len(questions)), soft_wrap=False)
             given = answers[question.id] if answers is not None else _prompt(console)
-            reveal = _reveal(question, given, None if args.no_run else runner, guide)
+            with console.status(f"running claim {question.claim}…", spinner="dots"):
+                reveal = _reveal(question, given, None if args.no_run else runner, guide)
             console.print(_revealed(reveal), soft_wrap=False)
             scores.record(guide.id, question.id, given, reveal.correct, reveal.observed)
             reveals.append(reveal)
@@ -275,7 +276,10 @@ def _ask(question: PredictQuestion, number: int, total: int) -> Panel:
 
 def _prompt(console: Console, read: Callable[[], str] = sys.stdin.readline) -> str:
     console.print("your answer: ", end="")
-    return read().strip()
+    answer = read().strip()
+    if not sys.stdin.isatty():  # typed input echoes its own newline; piped input does not
+        console.print(answer, highlight=False, markup=False)
+    return answer
 
 
 def _reveal(question: PredictQuestion, given: str, runner: ClaimRunner | None, guide: Guide) -> Reveal:
@@ -317,7 +321,7 @@ def _revealed(reveal: Reveal) -> Table:
     table.add_row("you", Text.assemble(reveal.given or "(no answer)", "  ", (verdict[0], verdict[1])))
     table.add_row("the guide", guide_answer)
     table.add_row("observed", Text(shown, style="cyan"))
-    table.add_row("why", question.explain)
+    table.add_row("why", Markdown(question.explain))
     if reveal.failure:
         table.add_row("warning", Text(reveal.failure.splitlines()[0], style="red"))
     return table

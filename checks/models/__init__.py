@@ -11,4 +11,5 @@ it), so each model is unit-tested and property-tested in milliseconds.
 - `rate_limiter`: the all-gather rate limiter's queue of free events.
 - `zero_partition`: ZeroRedundancyOptimizer's greedy partition of parameters across ranks.
 - `ring`: bytes each rank sends in ring collectives.
+- `divide_factors`: how FSDP1 splits the mean over N ranks into a divide before and after the reduction.
 """
