@@ -1,0 +1,482 @@
+"""Checks for guide 09, NO_SHARD is DDP: what FSDP1 communicates when it does not shard, and whether training then
+matches DistributedDataParallel bit for bit.
+
+Every expected value comes from outside FSDP: all-reduce sizes from the flat-parameter layout model over the
+model's own parameter sizes, divide factors from the divide-factor model (`checks.models.divide_factors`), local
+gradients from an unwrapped replica of the same model on the same batch, and the reference training run from DDP.
+The warnings are compared with the text the guide quotes in its expect blocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import itertools
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp import ShardingStrategy
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from checks.models.divide_factors import postdivide, predivide
+from checks.models.flat_param import FlatLayout, layout
+from checks.naming import ROOT, clean
+from checks.probes import assert_sequence, record_comm
+from checks.ranks.context import RankContext
+from checks.violation import require, require_equal
+from checks.workloads.gpt import batch, fsdp1_gpt, unit_numels, units
+from checks.workloads.toy import wrap_ddp
+from mini_gpt import GPT, preset
+from mini_gpt.train import make_optimizer
+
+LR = 1e-3
+# The order the units' post-backward hooks fire in, so the order of their all-reduces: the blocks in reverse, then
+# the root, whose embedding (used first in forward, and again by the tied head) gets its gradient last (guide 01).
+BACKWARD_ORDER = ("blocks.2", "blocks.1", "blocks.0", ROOT)
+REDUCER = "torch.distributed.fsdp._runtime_utils:_reduce_grad_no_shard"
+
+
+# -- building ------------------------------------------------------------------------------------------------------
+def _no_shard_gpt(ctx: RankContext, **kwargs: Any) -> FSDP:
+    """mini_gpt tiny as four NO_SHARD units; the deprecation warning is the subject of its own claim only."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return fsdp1_gpt(ctx, sharding_strategy=ShardingStrategy.NO_SHARD, **kwargs)
+
+
+def _replica(ctx: RankContext) -> GPT:
+    """The same model, same seed, unwrapped: the reference for local gradients and for DDP."""
+    return GPT(preset("tiny"), seed=0).to(ctx.device)
+
+
+def _layouts() -> dict[str, FlatLayout]:
+    """Each unit's flat parameter under NO_SHARD (no world-size padding), from the model's parameter sizes."""
+    return {name: layout(numels, 4, 1, sharded=False) for name, numels in unit_numels().items()}
+
+
+def _unit_of(name: str, unit_names: Any) -> str:
+    prefix = ".".join(name.split(".")[:2])
+    return prefix if prefix in unit_names else ROOT
+
+
+def _local_flat_grads(replica: torch.nn.Module, layouts: dict[str, FlatLayout]) -> dict[str, torch.Tensor]:
+    """The replica's gradients laid out as each unit's flat gradient (registration order, alignment gaps zero)."""
+    flat = {name: torch.zeros(lay.unpadded_numel) for name, lay in layouts.items()}
+    placed = dict.fromkeys(layouts, 0)
+    for name, param in replica.named_parameters():  # registration order, the tied head skipped
+        unit = _unit_of(name, layouts)
+        start = layouts[unit].starts[placed[unit]]
+        flat[unit][start : start + param.numel()] = param.grad.detach().flatten().cpu()
+        placed[unit] += 1
+    return flat
+
+
+class _AllReduceInputs(TorchDispatchMode):
+    """Copies each all-reduce's input as it is issued (before the collective runs; its output is not waited for
+    here, so it is never read)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inputs: list[torch.Tensor] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func._schema.name == "c10d::allreduce_":
+            self.inputs.append(args[0][0].detach().clone().cpu())
+        return func(*args, **(kwargs or {}))
+
+
+def _ratios(numerator: torch.Tensor, denominator: torch.Tensor) -> list[float]:
+    """The distinct values of numerator / denominator where the denominator is not zero."""
+    keep = denominator != 0
+    return sorted(torch.unique(numerator[keep] / denominator[keep]).tolist())
+
+
+# -- claim: only all-reduces, one per unit ----------------------------------------------------------------------------
+def all_reduces_only(ctx: RankContext, steps: int = 2) -> dict[str, Any]:
+    """Each step (forward, backward, optimizer) issues one all-reduce per unit and nothing else, all in backward,
+    in post-backward order, each of the unit's unpadded flat-gradient length, fp32, over all ranks, from
+    `_reduce_grad_no_shard`; the first one carries the local gradient divided by the predivide factor."""
+    model = _no_shard_gpt(ctx)
+    optim = make_optimizer(model, LR)
+    layouts = _layouts()
+    expected_sizes = [layouts[name].unpadded_numel for name in BACKWARD_ORDER]
+    observed: dict[str, Any] = {}
+    for step in range(steps):
+        x, y = batch(ctx, step=step)
+        with record_comm() as comm, _AllReduceInputs() as captured:
+            _, loss = model(x, y)
+            loss.backward()
+            optim.step()
+            optim.zero_grad(set_to_none=True)
+        where = f"step {step + 1}"
+        counts = {t.op: t.count for t in comm.totals(objects=None)}
+        require_equal(sorted(counts), ["all_reduce"], reason="not-only-all-reduce", what=f"{where}: collective kinds",
+                      counts=counts, step=step + 1)  # fmt: skip
+        outside = [c.describe() for c in comm if not c.in_backward]
+        require(not outside, "collective-outside-backward", f"{where}: collectives outside backward: {outside}",
+                observed=outside, step=step + 1)  # fmt: skip
+        sizes = [c.numel for c in comm.select("all_reduce")]
+        assert_sequence(sizes, expected_sizes, what=f"{where}: all-reduce lengths", reason="all-reduce-sizes")
+        callers = sorted({c.caller for c in comm})
+        require_equal(callers, [REDUCER], reason="all-reduce-caller", what=f"{where}: callers", step=step + 1)
+        shape = sorted({(c.dtype, c.group_size) for c in comm})
+        require_equal(shape, [("torch.float32", ctx.world_size)], reason="all-reduce-dtype-or-group",
+                      what=f"{where}: (dtype, group size)", step=step + 1)  # fmt: skip
+        if step == 0:
+            observed = {"collectives": len(comm), "sizes": sizes}
+            observed["predivide"] = _predivide_of_first_step(ctx, captured.inputs, layouts)
+    return observed
+
+
+def _predivide_of_first_step(ctx: RankContext, inputs: list[torch.Tensor], layouts: dict[str, FlatLayout]) -> float:
+    """What step 1's all-reduces carry, against the replica's local gradient on the same batch: one exact ratio,
+    the divide-factor model's predivide for this world size."""
+    replica = _replica(ctx)
+    _, loss = replica(*batch(ctx, step=0))
+    loss.backward()
+    local = _local_flat_grads(replica, layouts)
+    ratios: set[float] = set()
+    for name, sent in zip(BACKWARD_ORDER, inputs, strict=True):
+        mismatched = int(((sent == 0) != (local[name] == 0)).sum())
+        require(mismatched == 0, "zeros-differ", f"{name}: {mismatched} elements are zero in only one of the "
+                "all-reduce input and the local gradient", unit=name, observed=mismatched)  # fmt: skip
+        ratios.update(_ratios(local[name], sent))
+    require_equal(sorted(ratios), [predivide(ctx.world_size)], reason="wrong-predivide",
+                  what="local gradient / all-reduce input, over every element")  # fmt: skip
+    return ratios.pop()
+
+
+# -- claims: training against DDP --------------------------------------------------------------------------------------
+def _train_side_by_side(ctx: RankContext, steps: int, lr: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Train the NO_SHARD model and a DDP model from the same weights on the same per-rank batches. Per step: the
+    two losses and which parameters differ (by name, bitwise) after the optimizer step. Also both models'
+    gradients after the first backward, flattened in the replica's parameter order."""
+    fsdp = _no_shard_gpt(ctx)
+    ddp = wrap_ddp(_replica(ctx), ctx)
+    start = {name: p.detach().clone() for name, p in ddp.module.named_parameters()}
+    optims = make_optimizer(fsdp, lr), make_optimizer(ddp, lr)
+    records: list[dict[str, Any]] = []
+    first: dict[str, Any] = {}
+    for step in range(steps):
+        x, y = batch(ctx, step=step)
+        losses = []
+        for model in (fsdp, ddp):
+            with record_comm() as comm:
+                _, loss = model(x, y)
+                loss.backward()
+            losses.append(loss.detach())
+        ddp_all_reduces = [c.numel for c in comm.select("all_reduce")]
+        ours = {clean(name): p for name, p in fsdp.named_parameters()}
+        theirs = dict(ddp.module.named_parameters())
+        require_equal(sorted(ours), sorted(theirs), reason="parameter-names", what="parameter names")
+        if step == 0:
+            first = {
+                "names": list(theirs),
+                "fsdp": torch.cat([ours[n].grad.detach().flatten().cpu() for n in theirs]),
+                "ddp": torch.cat([theirs[n].grad.detach().flatten().cpu() for n in theirs]),
+            }
+        for optim in optims:
+            optim.step()
+            optim.zero_grad(set_to_none=True)
+        differing = [name for name in theirs if not torch.equal(ours[name], theirs[name])]
+        gap = torch.cat([(ours[n] - theirs[n]).detach().abs().flatten().cpu() for n in theirs])
+        records.append(
+            {
+                "step": step + 1,
+                "loss": [float(v) for v in losses],
+                "loss_equal": bool(torch.equal(*losses)),
+                "ddp_all_reduces": ddp_all_reduces,
+                "differing": differing,
+                "max_abs_diff": float(gap.max()),
+                "argmax": int(gap.argmax()),  # in the replica's parameter order, like first["fsdp"]
+                "moved": max(float((theirs[n] - start[n]).abs().max()) for n in theirs),
+            }
+        )
+    return records, first
+
+
+def matches_ddp_bitwise(ctx: RankContext, steps: int = 5, lr: float = LR) -> dict[str, Any]:
+    """NO_SHARD and DDP give the same losses and the same parameters, bit for bit, after every step."""
+    records, _ = _train_side_by_side(ctx, steps, lr)
+    whole = sum(sum(numels) for numels in unit_numels().values())  # every parameter once, no alignment gaps
+    for record in records:
+        step = record["step"]
+        require_equal(record["ddp_all_reduces"], [whole], reason="ddp-not-one-bucket",
+                      what=f"step {step}: DDP's all-reduce lengths", step=step)  # fmt: skip
+        require(record["loss_equal"], "loss-differs", f"step {step}: losses {record['loss']} (NO_SHARD, DDP)",
+                step=step, observed=record["loss"])  # fmt: skip
+        differing = record["differing"]
+        message = f"after step {step}, {len(differing)} parameters differ from DDP's, by up to {record['max_abs_diff']}"
+        require(not differing, "differs-from-ddp", message, step=step, differing=differing,
+                max_abs_diff=record["max_abs_diff"])  # fmt: skip
+    return {
+        "steps": steps,
+        "bitwise": True,
+        "differing": [len(r["differing"]) for r in records],
+        "ddp_all_reduces": records[0]["ddp_all_reduces"],
+        "moved": records[-1]["moved"],
+    }
+
+
+def _pairwise_sums(terms: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Every value a sum of ``terms`` can take in fp32 when it is computed as a tree of pairwise additions, in
+    any order and grouping (15 trees for four terms; addition of two is commutative, so a tree is unordered)."""
+    if len(terms) == 1:
+        return [terms[0]]
+    out, seen = [], set()
+    indices = range(len(terms))
+    for k in range(1, len(terms)):
+        for left in itertools.combinations(indices, k):
+            right = tuple(i for i in indices if i not in left)
+            key = frozenset((left, right))
+            if key in seen:
+                continue
+            seen.add(key)
+            for a in _pairwise_sums([terms[i] for i in left]):
+                for b in _pairwise_sums([terms[i] for i in right]):
+                    out.append(a + b)
+    return out
+
+
+def within_bound_of_ddp(ctx: RankContext, bound: float, steps: int = 5, lr: float = LR) -> dict[str, Any]:
+    """On more than two ranks the two all-reduces may add the ranks' gradients in different orders. After the first
+    backward, each side's gradient times N must be one of the fp32 pairwise sums of the ranks' local gradients
+    (the replica's, gathered); over the run, parameters and losses must stay within ``bound`` of DDP's."""
+    n = ctx.world_size
+    if n & (n - 1):
+        raise ValueError(f"{n} ranks: multiplying the mean back by N is exact only for a power of two")
+    records, first = _train_side_by_side(ctx, steps, lr)
+    replica = _replica(ctx)
+    _, loss = replica(*batch(ctx, step=0))
+    loss.backward()
+    params = dict(replica.named_parameters())
+    local = torch.cat([params[name].grad.detach().flatten().cpu() for name in first["names"]])
+    everyone = [torch.empty_like(local) for _ in range(n)]
+    dist.all_gather(everyone, local)
+    sums = torch.stack(_pairwise_sums(everyone))
+    for side in ("fsdp", "ddp"):
+        explained = (sums == first[side] * n).any(dim=0)
+        unexplained = int((~explained).sum())
+        message = f"{side}: {unexplained} gradient elements × {n} are no fp32 sum of the {n} local gradients"
+        require(unexplained == 0, "not-a-summation-order", message, side=side, observed=unexplained)
+    grad_diff = (first["fsdp"] - first["ddp"]).abs()
+    larger = torch.maximum(first["fsdp"].abs(), first["ddp"].abs())
+    relative = grad_diff[grad_diff > 0] / larger[grad_diff > 0]
+    at = records[0]["argmax"]  # the element that moved apart most in step 1, and its gradient
+    worst = [r["max_abs_diff"] for r in records]
+    loss_diff = max(abs(a - b) for a, b in (r["loss"] for r in records))
+    for record in records:
+        message = f"after step {record['step']}: max |param - DDP's| = {record['max_abs_diff']} > {bound}"
+        require(record["max_abs_diff"] <= bound, "beyond-bound", message, step=record["step"],
+                observed=record["max_abs_diff"], bound=bound)  # fmt: skip
+    require(loss_diff <= bound, "loss-beyond-bound", f"max |loss - DDP's| = {loss_diff} > {bound}",
+            observed=loss_diff, bound=bound)  # fmt: skip
+    bitwise = not any(worst) and loss_diff == 0
+    return {
+        "verdict": "bitwise equal" if bitwise else "not bitwise equal",
+        "grad_elements": local.numel(),
+        "grad_elements_differing": int((grad_diff > 0).sum()),
+        "grad_max_abs_diff": float(grad_diff.max()),
+        "grad_max_rel_diff": float(relative.max()) if relative.numel() else 0.0,
+        "step_1_worst": {"param_diff": worst[0], "grad": float(first["ddp"][at]), "grad_diff": float(grad_diff[at])},
+        "max_abs_diff": worst,
+        "loss_max_abs_diff": loss_diff,
+        "moved": records[-1]["moved"],
+    }
+
+
+# -- claims: how NO_SHARD is chosen, and what it says ------------------------------------------------------------
+@contextlib.contextmanager
+def _recorded_warnings() -> Iterator[list[warnings.WarningMessage]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield caught
+
+
+def _messages(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [f"{w.category.__name__}: {w.message}" for w in caught]
+
+
+def deprecation_warning_at_construction(ctx: RankContext, expected: list[str]) -> dict[str, Any]:
+    """Building each NO_SHARD unit on more than one rank warns once, a FutureWarning with the text of the guide's
+    expect block, attributed to the line that called FullyShardedDataParallel; forward and backward warn nothing."""
+    text = " ".join(expected)
+    with _recorded_warnings() as built:
+        model = fsdp1_gpt(ctx, sharding_strategy=ShardingStrategy.NO_SHARD)
+    matching = [w for w in built if str(w.message) == text]
+    message = f"{len(matching)} warnings with the guide's text for {len(units(model))} units; got {_messages(built)}"
+    require(len(matching) == len(units(model)), "deprecation-count", message, observed=len(matching),
+            expected=len(units(model)), warnings=_messages(built))  # fmt: skip
+    categories = sorted({w.category.__name__ for w in matching})
+    require_equal(categories, ["FutureWarning"], reason="wrong-category", what="the deprecation warning's category")
+    # stacklevel=3 is meant to name the caller of FullyShardedDataParallel(...): here, the workload's file.
+    caller = Path(inspect.getsourcefile(fsdp1_gpt) or "").name
+    points_at = sorted({Path(w.filename).name for w in matching})
+    require_equal(points_at, [caller], reason="warning-location", what="the file the deprecation warning names")
+    with _recorded_warnings() as later:
+        _, loss = model(*batch(ctx))
+        loss.backward()
+    require(not later, "warns-after-construction", f"forward and backward warned: {_messages(later)}",
+            observed=_messages(later))  # fmt: skip
+    return {"category": categories[0], "count": len(matching), "message": text, "points_at": points_at[0]}
+
+
+def _one_rank_groups(ctx: RankContext) -> dist.ProcessGroup:
+    """A process group of this rank alone (every rank must create every group)."""
+    groups = [dist.new_group([rank]) for rank in range(ctx.world_size)]
+    return groups[ctx.rank]
+
+
+def world_size_1_clamps_to_no_shard(ctx: RankContext, expected: list[str]) -> dict[str, Any]:
+    """Over a one-rank process group, the default FULL_SHARD becomes NO_SHARD with a UserWarning (the guide's
+    expect block) and no deprecation warning; every all-reduce then spans that one rank."""
+    text = " ".join(expected)
+    alone = _one_rank_groups(ctx)
+    with _recorded_warnings() as built:
+        model = fsdp1_gpt(ctx, process_group=alone)
+    matching = [w for w in built if str(w.message) == text]
+    n_units = len(units(model))
+    require(len(matching) == n_units, "no-clamp-warning", f"{len(matching)} clamp warnings for {n_units} units; got "
+            f"{_messages(built)}", observed=len(matching), warnings=_messages(built))  # fmt: skip
+    require_equal(sorted({w.category.__name__ for w in matching}), ["UserWarning"], reason="wrong-category",
+                  what="the clamp warning's category")  # fmt: skip
+    deprecations = [m for m in _messages(built) if m.startswith("FutureWarning")]
+    require(not deprecations, "also-deprecation-warning", f"the clamp also warned {deprecations}",
+            observed=deprecations)  # fmt: skip
+    # stacklevel=2 names FullyShardedDataParallel.__init__'s own line, inside torch.
+    torch_file = Path(inspect.getsourcefile(FSDP) or "").name
+    points_at = sorted({Path(w.filename).name for w in matching})
+    require_equal(points_at, [torch_file], reason="warning-location", what="the file the clamp warning names")
+    strategies = {
+        name: (u.sharding_strategy.name, u._handle._sharding_strategy.name) for name, u in units(model).items()
+    }
+    require_equal(strategies, dict.fromkeys(strategies, ("NO_SHARD", "NO_SHARD")), reason="not-clamped",
+                  what="(state, handle) strategy per unit")  # fmt: skip
+    with record_comm() as comm:
+        _, loss = model(*batch(ctx))
+        loss.backward()
+    spans = [(c.op, c.group_size) for c in comm]
+    require_equal(spans, [("all_reduce", 1)] * n_units, reason="not-one-rank-all-reduces", what="collectives")
+    return {
+        "strategy": sorted(set(strategies.values())),
+        "category": matching[0].category.__name__,
+        "points_at": points_at[0],
+        "group_sizes": [c.group_size for c in comm],
+    }
+
+
+def hybrid_shard_of_one_never_syncs(ctx: RankContext) -> dict[str, Any]:
+    """HYBRID_SHARD with a one-rank shard group and all ranks as replicas: clamped to NO_SHARD, it all-reduces over
+    the one-rank group only, so each rank keeps its own local gradient, divided as if the ranks had been summed."""
+    alone = _one_rank_groups(ctx)
+    with _recorded_warnings():
+        model = fsdp1_gpt(ctx, sharding_strategy=ShardingStrategy.HYBRID_SHARD, process_group=(alone, dist.group.WORLD))
+    strategies = sorted({u._handle._sharding_strategy.name for u in units(model).values()})
+    require_equal(strategies, ["NO_SHARD"], reason="not-clamped", what="handle strategies")
+    x, y = batch(ctx)
+    with record_comm() as comm:
+        _, loss = model(x, y)
+        loss.backward()
+    replica = _replica(ctx)
+    _, ref = replica(x, y)
+    ref.backward()
+    ours = {clean(name): p for name, p in model.named_parameters()}
+    ratios: set[float] = set()
+    for name, param in replica.named_parameters():
+        ratios.update(_ratios(ours[name].grad.cpu(), param.grad.cpu()))
+    # The factors are computed for all the data-parallel ranks (shard group × replicas); the all-reduce over one
+    # rank changes nothing in between. A factor of 1 is skipped, which divides by 1 all the same.
+    expected = 1 / (predivide(ctx.world_size) * postdivide(ctx.world_size))
+    require_equal(sorted(ratios), [expected], reason="not-own-gradient-divided", what="gradient / local gradient")
+    spans = sorted({(c.op, c.group_size) for c in comm})
+    require_equal(spans, [("all_reduce", 1)], reason="not-one-rank-all-reduces", what="(collective, group size)")
+    checksums = ctx.gather(float(sum(p.grad.double().sum() for p in ours.values())))
+    require(len(set(checksums)) == ctx.world_size, "replicas-in-sync", f"gradient checksums per rank: {checksums}",
+            observed=checksums)  # fmt: skip
+    return {"strategy": strategies[0], "group_sizes": [c.group_size for c in comm], "grad_over_local": ratios.pop()}
+
+
+# -- break-it recipes: this guide's behaviour bent on purpose (tests/break_it/ applies them) --------------
+def map_no_shard_to(original: dict[Any, Any], strategy: str = "FULL_SHARD") -> dict[Any, Any]:
+    """``SHARDING_STRATEGY_MAP`` with NO_SHARD pointing at a sharded handle strategy."""
+    from torch.distributed.fsdp._flat_param import HandleShardingStrategy
+
+    return {**original, ShardingStrategy.NO_SHARD: HandleShardingStrategy[strategy]}
+
+
+@contextlib.contextmanager
+def _all_reduce_replaced(replacement: Any) -> Iterator[Any]:
+    """``dist.all_reduce`` is ``replacement(original, ...)`` for the duration (only around one FSDP call)."""
+    original = dist.all_reduce
+    dist.all_reduce = lambda *args, **kwargs: replacement(original, *args, **kwargs)
+    try:
+        yield
+    finally:
+        dist.all_reduce = original
+
+
+def reduce_without_all_reduce(original: Any, state: Any, handle: Any) -> None:
+    """`_reduce_grad_no_shard` whose all-reduce does nothing: the divides still run."""
+    with _all_reduce_replaced(lambda _all_reduce, *args, **kwargs: None):
+        original(state, handle)
+
+
+def reduce_with_all_reduce_twice(original: Any, state: Any, handle: Any) -> None:
+    """`_reduce_grad_no_shard` that all-reduces the same gradient twice."""
+
+    def twice(all_reduce: Any, *args: Any, **kwargs: Any) -> Any:
+        all_reduce(*args, **kwargs)
+        return all_reduce(*args, **kwargs)
+
+    with _all_reduce_replaced(twice):
+        original(state, handle)
+
+
+def init_core_state_silently(original: Any, *args: Any) -> Any:
+    """`_init_core_state` with every warning it emits swallowed."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return original(*args)
+
+
+def init_core_state_with_user_warnings(original: Any, *args: Any) -> Any:
+    """`_init_core_state` whose warnings come out as plain UserWarnings, same text, same caller."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state = original(*args)
+    for w in caught:
+        warnings.warn_explicit(str(w.message), UserWarning, w.filename, w.lineno)
+    return state
+
+
+def init_core_state_without_clamp(original: Any, state: Any, *args: Any) -> Any:
+    """`_init_core_state` that does not see a one-rank group as one rank, so it keeps the requested strategy."""
+    real = state.world_size
+    state.world_size = max(real, 2)
+    try:
+        return original(state, *args)
+    finally:
+        state.world_size = real
+
+
+def reduce_also_over_replicas(original: Any, state: Any, handle: Any) -> None:
+    """`_reduce_grad_no_shard` followed by the all-reduce over the replicate group that a clamped HYBRID_SHARD
+    never issues: what a fix for pytorch#154888 would add."""
+    original(state, handle)
+    replicas = getattr(state, "_inter_node_pg", None)
+    if replicas is not None:
+        dist.all_reduce(handle.flat_param.grad, group=replicas)
+
+
+def divide_for_the_shard_group_only(original: Any, state: Any, *args: Any, **kwargs: Any) -> Any:
+    """`_init_process_group_state` that sizes the divide factors by the shard group alone, leaving out the
+    replicas, as the clamp sizes the strategy."""
+    state = original(state, *args, **kwargs)
+    state._gradient_predivide_factor = predivide(state.world_size)
+    state._gradient_postdivide_factor = postdivide(state.world_size)
+    return state
