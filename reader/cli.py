@@ -16,9 +16,12 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from reader.cli_session import BROKEN, CLEAN, DRIFT, add_common, display, open_session
 from reader.drift import DriftKind
+from reader.guide import Guide
+from reader.progress import Progress, ProgressError
 from reader.render import print_guide
 from reader.report import (
     AnchorRow,
@@ -26,8 +29,15 @@ from reader.report import (
     summary,
     write_drift_report,
 )
-from reader.study import configure_check, configure_predict, run_check, run_predict
-from reader.workspace import NotApprovable
+from reader.study import (
+    configure_check,
+    configure_exercise,
+    configure_predict,
+    run_check,
+    run_exercise,
+    run_predict,
+)
+from reader.workspace import NotApprovable, Workspace
 
 
 @dataclass(frozen=True)
@@ -135,16 +145,58 @@ def _configure_list(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_list(args: argparse.Namespace, console: Console) -> int:
+    """The guides in reading order, each with where it stands: its anchors' drift on this torch, how many of its
+    claims passed when ``check`` last ran them, the predict score and the exercises solved."""
     session = open_session(args, console)
     if isinstance(session, int):
         return session
-    table = Table(title=f"Reading guides · torch {session.workspace.torch_version}", title_justify="left")
-    for column in ("order", "guide", "title", "anchors", "claims"):
-        table.add_column(column, justify="right" if column in ("order", "anchors", "claims") else "left")
+    try:
+        progress: Progress | None = Progress()
+    except ProgressError as exc:
+        console.print(f"[yellow]{exc}[/]")
+        progress = None
+    table = Table(title=f"Reading guides · torch {session.workspace.torch_version}", title_justify="left", expand=True)
+    table.add_column("guide", ratio=1, overflow="fold")
+    for column in ("anchors", "claims", "predict", "exercises"):
+        table.add_column(column, justify="right", no_wrap=True)
     for guide in sorted(session.guides, key=lambda g: (g.order, g.id)):
-        table.add_row(str(guide.order), guide.id, guide.title, str(len(guide.anchors)), str(len(guide.claims)))
-    console.print(table)
+        table.add_row(
+            Text.assemble((guide.id, "bold"), "\n", (guide.title, "dim")),
+            _anchor_status(session.workspace, guide),
+            _claim_status(guide, progress),
+            _score(progress.score(guide.id) if progress else (0, 0)),
+            _score(progress.score(guide.id, "exercises") if progress else (0, 0)),
+        )
+    console.print(table, soft_wrap=False)
     return BROKEN if session.broken else CLEAN
+
+
+def _anchor_status(workspace: Workspace, guide: Guide) -> Text:
+    if not guide.anchors:
+        return Text("-", style="dim")
+    drifted = sum(1 for anchor in guide.anchors if not workspace.drift(guide, anchor).ok)
+    if drifted:
+        return Text(f"{drifted}/{len(guide.anchors)} drifted", style="red")
+    return Text(f"{len(guide.anchors)} ok", style="green")
+
+
+def _claim_status(guide: Guide, progress: Progress | None) -> Text:
+    last = progress.claims(guide.id) if progress else {}
+    ran = [last[c.id] for c in guide.claims if c.id in last]
+    if not guide.claims:
+        return Text("-", style="dim")
+    if not ran:
+        return Text(f"0/{len(guide.claims)}", style="dim")
+    failed = ran.count("failed")
+    shown = f"{ran.count('passed')}/{len(guide.claims)}" + (f" ({failed} failed)" if failed else "")
+    return Text(shown, style="red" if failed else "green")
+
+
+def _score(right_of: tuple[int, int]) -> Text:
+    right, tried = right_of
+    return (
+        Text(f"{right}/{tried}", style="green" if tried and right == tried else "") if tried else Text("-", style="dim")
+    )
 
 
 def _configure_show(parser: argparse.ArgumentParser) -> None:
@@ -187,6 +239,9 @@ COMMANDS: list[Command] = [
     Command("check", "run a guide's claims on the rank pool", configure_check, run_check),
     Command(
         "predict", "answer a guide's predict questions, each revealed by a real run", configure_predict, run_predict
+    ),
+    Command(
+        "exercise", "name the claim a break-it patch makes fail, then watch it fail", configure_exercise, run_exercise
     ),
 ]
 

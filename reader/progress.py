@@ -1,8 +1,10 @@
 """A learner's predict scores, kept in the user's data directory (never in the repository).
 
 One JSON file, ``progress.json``, under platformdirs' user data dir for ``fsdp-readings`` (``~/.local/share/
-fsdp-readings`` on Linux), or under ``$FSDP_READINGS_DATA_DIR`` when set (tests, shared machines). It maps guide
-id → question id → the latest answer: what was typed, whether it agreed with the run, and when.
+fsdp-readings`` on Linux), or under ``$FSDP_READINGS_DATA_DIR`` when set (tests, shared machines). Three sections,
+each guide id → item id → the latest attempt: ``predict`` (what was typed, whether it agreed with the run),
+``exercises`` (the claim guessed, whether right) and ``claims`` (the last result of each claim a study command
+ran).
 """
 
 from __future__ import annotations
@@ -44,15 +46,26 @@ class Progress:
             raise ProgressError(f"{self.path}: unreadable progress file ({exc}); move it away to start afresh") from exc
 
     def record(self, guide_id: str, question_id: str, answer: str, correct: bool | None, observed: Any) -> None:
-        at = datetime.now(UTC).isoformat(timespec="seconds")
-        attempt = Attempt(answer, correct, _plain(observed), at)
-        self.data.setdefault(guide_id, {})[question_id] = asdict(attempt)
+        self._put("predict", guide_id, question_id, asdict(Attempt(answer, correct, _plain(observed), _now())))
 
-    def score(self, guide_id: str) -> tuple[int, int]:
-        """(right, scored) over the guide's latest attempts; text answers are not scored."""
-        attempts = self.data.get(guide_id, {}).values()
+    def record_exercise(self, guide_id: str, exercise_id: str, answer: str, correct: bool, observed: str) -> None:
+        self._put("exercises", guide_id, exercise_id, asdict(Attempt(answer, correct, observed, _now())))
+
+    def record_claim(self, guide_id: str, claim_id: str, result: str) -> None:
+        self._put("claims", guide_id, claim_id, {"result": result, "at": _now()})
+
+    def score(self, guide_id: str, section: str = "predict") -> tuple[int, int]:
+        """(right, scored) over the guide's latest attempts in ``section``; text answers are not scored."""
+        attempts = self.data.get(section, {}).get(guide_id, {}).values()
         scored = [a for a in attempts if a.get("correct") is not None]
         return sum(1 for a in scored if a["correct"]), len(scored)
+
+    def claims(self, guide_id: str) -> dict[str, str]:
+        """The last result of each claim a study command ran (passed / failed / skipped)."""
+        return {cid: entry["result"] for cid, entry in self.data.get("claims", {}).get(guide_id, {}).items()}
+
+    def _put(self, section: str, guide_id: str, item_id: str, entry: dict[str, Any]) -> None:
+        self.data.setdefault(section, {}).setdefault(guide_id, {})[item_id] = entry
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -63,6 +76,10 @@ class Progress:
 
 class ProgressError(RuntimeError):
     pass
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _plain(value: Any) -> Any:

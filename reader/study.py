@@ -158,12 +158,29 @@ def run_check(args: argparse.Namespace, console: Console) -> int:
             rows.append((claim, runner.verdict(guide, claim), time.monotonic() - started))
             progress.advance(task)
     console.print(_results(guide, rows), soft_wrap=False)
+    _remember_claims(guide, rows, console)
     for claim, verdict, _ in rows:
         if verdict.failure:
             console.print(Panel(Text(verdict.failure), title=f"{claim.id} failed", border_style="red"), soft_wrap=False)
     failed = sum(1 for _, v, _ in rows if v.failure)
     console.print(f"{len(rows) - failed} passed, {failed} failed")
     return FAILED if failed else CLEAN
+
+
+def _remember_claims(guide: Guide, rows: list[tuple[ClaimSpec, ClaimVerdict, float]], console: Console) -> None:
+    """The last result of each claim, for ``fsdp-readings list``."""
+    try:
+        scores = Scores()
+    except ProgressError as exc:
+        console.print(f"[yellow]{exc}[/]")
+        return
+    for claim, verdict, _ in rows:
+        scores.record_claim(guide.id, claim.id, _result(verdict))
+    scores.save()
+
+
+def _result(verdict: ClaimVerdict) -> str:
+    return "skipped" if verdict.skipped else "failed" if verdict.failure else "passed"
 
 
 def _pick_claims(guide: Guide, wanted: Sequence[str], console: Console) -> list[ClaimSpec] | None:
@@ -189,9 +206,10 @@ def _results(guide: Guide, rows: list[tuple[ClaimSpec, ClaimVerdict, float]]) ->
     table.add_column("result")
     table.add_column("s", justify="right")
     for claim, verdict, seconds in rows:
-        result = "skipped" if verdict.skipped else "FAILED" if verdict.failure else "passed"
-        style = "yellow" if verdict.skipped else "red" if verdict.failure else "green"
-        table.add_row(claim.id, str(claim.world_size), Text(result, style=style), f"{seconds:.1f}")
+        result = _result(verdict)
+        style = {"skipped": "yellow", "failed": "red", "passed": "green"}[result]
+        shown = Text(result.upper() if result == "failed" else result, style=style)
+        table.add_row(claim.id, str(claim.world_size), shown, f"{seconds:.1f}")
     return table
 
 
@@ -324,4 +342,128 @@ def _revealed(reveal: Reveal) -> Table:
     table.add_row("why", Markdown(question.explain))
     if reveal.failure:
         table.add_row("warning", Text(reveal.failure.splitlines()[0], style="red"))
+    return table
+
+
+# --- exercise ---------------------------------------------------------------------------------------------------
+
+EXERCISE_EXAMPLES = """examples:
+  fsdp-readings exercise 04-forward-prefetch                each puzzle: read the patch, name the claim it breaks
+  fsdp-readings exercise 04-forward-prefetch two-ahead      one exercise
+  fsdp-readings exercise 04-forward-prefetch --answers mine.toml   (exercise id = "claim id or letter")
+
+the patched claim then runs on the rank pool and shows its failure; results are kept with the predict scores"""
+
+
+def configure_exercise(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EXERCISE_EXAMPLES
+    parser.add_argument("guide", metavar="GUIDE", help="a guide id, e.g. 04-forward-prefetch")
+    parser.add_argument("exercises", nargs="*", metavar="EXERCISE", help="exercise ids (default: all)")
+    parser.add_argument("--answers", type=Path, default=None, metavar="FILE", help="answers as TOML or JSON")
+    _pool_options(parser)
+
+
+def run_exercise(args: argparse.Namespace, console: Console) -> int:
+    from checks.breakit.exercises import exercises_of  # imports the guide's check module (and torch)
+
+    opened = _one_guide(args, console)
+    if isinstance(opened, int):
+        return opened
+    session, guide = opened
+    modules = sorted({claim.check.split(":")[0] for claim in guide.claims})
+    available = [exercise for module in modules for exercise in exercises_of(module)]
+    known = [e.id for e in available]
+    unknown = [e for e in args.exercises if e not in known]
+    if not available or unknown:
+        what = f"no exercise {', '.join(unknown)}" if unknown else "no exercises"
+        console.print(f"[red]{guide.id} has {what}[/] (exercises: {', '.join(known) or 'none'})")
+        return BROKEN
+    chosen = [e for e in available if not args.exercises or e.id in args.exercises]
+    answers = _exercise_answers(args.answers, chosen, console) if args.answers else None
+    if args.answers and answers is None:
+        return BROKEN
+    try:
+        scores = Scores()
+    except ProgressError as exc:
+        console.print(f"[red]{exc}[/]")
+        return BROKEN
+    claims = [c.id for c in guide.claims]
+    surprises = 0
+    with claim_runner(session, args) as runner:
+        for number, exercise in enumerate(chosen, start=1):
+            console.print(_puzzle(exercise, claims, number, len(chosen)), soft_wrap=False)
+            given = answers[exercise.id] if answers is not None else _prompt(console)
+            guessed = _claim_named(given, claims)
+            runner.patches = exercise.patches
+            runner._verdicts.clear()  # a patched run must not answer for an unpatched one, nor for another patch
+            with console.status("running the guide's claims with the patch…", spinner="dots"):
+                verdicts = {claim.id: runner.verdict(guide, claim) for claim in guide.claims}
+            failing = [cid for cid, v in verdicts.items() if v.failure]
+            main = verdicts[exercise.claim]
+            reason = main.outcome.reason if main.outcome is not None else None
+            surprises += int(main.failure is None or reason != exercise.reason)
+            solution = _solution(exercise, given, guessed, failing=failing, main=main, reason=reason)
+            console.print(solution, soft_wrap=False)
+            seen = f"failing: {', '.join(failing) or 'none'}"
+            scores.record_exercise(guide.id, exercise.id, given, guessed in failing, seen)
+        runner.patches, runner._verdicts = (), {}
+    scores.save()
+    right, tried = scores.score(guide.id, "exercises")
+    console.print(f"exercises: {right}/{tried} on {guide.id}")
+    return FAILED if surprises else CLEAN
+
+
+def _exercise_answers(path: Path, chosen: list[Any], console: Console) -> dict[str, str] | None:
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (OSError, ValueError) as exc:
+        console.print(f'[red]{path}: cannot read answers ({exc})[/] (write TOML: exercise-id = "claim-id")')
+        return None
+    ids = [e.id for e in chosen]
+    unknown, missing = sorted(set(data) - set(ids)), [i for i in ids if i not in data]
+    if unknown or missing:
+        what = f"unknown exercise(s) {', '.join(unknown)}" if unknown else f"no answer for {', '.join(missing)}"
+        console.print(f"[red]{path}: {what}[/] (exercises: {', '.join(ids)})")
+        return None
+    return {key: str(value) for key, value in data.items()}
+
+
+def _claim_named(given: str, claims: list[str]) -> str | None:
+    """A claim id, or its letter in the listed choices."""
+    text = given.strip().lower().rstrip(").")
+    letters = {chr(ord("a") + i): claim for i, claim in enumerate(claims)}
+    return letters.get(text, given.strip() if given.strip() in claims else None)
+
+
+def _puzzle(exercise: Any, claims: list[str], number: int, total: int) -> Panel:
+    targets = ", ".join(dict.fromkeys(p.target.replace(":", ".") for p in exercise.patches))
+    parts: list[Any] = [
+        Markdown(exercise.puzzle),
+        Text.assemble(("patched: ", "dim"), (targets, "dim"), overflow="fold"),
+        Text("Which claim of this guide fails, and why?"),
+    ]
+    parts += [Text(f"  {chr(ord('a') + i)}) {claim}") for i, claim in enumerate(claims)]
+    return Panel(Group(*parts), title=f"exercise {number}/{total} · {exercise.id}", title_align="left")
+
+
+def _solution(
+    exercise: Any, given: str, guessed: str | None, *, failing: list[str], main: ClaimVerdict, reason: str | None
+) -> Table:
+    """Right when the guessed claim is among those the patch makes fail; the exercise's own claim shows why."""
+    table = Table(show_header=False, box=None, expand=True, pad_edge=False)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(ratio=1, overflow="fold")
+    mark = ("right", "green") if guessed in failing else ("not quite", "red")
+    table.add_row("you", Text.assemble(given or "(no answer)", "  ", mark))
+    table.add_row("failing", Text(", ".join(failing) or "none", style="cyan"))
+    if main.failure is None:
+        table.add_row("warning", Text(f"{exercise.claim} still passed: the exercise is stale", style="red"))
+        return table
+    first = next((r.message for r in main.outcome.failed if r.message), "") if main.outcome else ""
+    table.add_row("why", Text(f"{exercise.claim}: reason `{reason}`", style="cyan"))
+    table.add_row("message", Text(first.splitlines()[0] if first else main.failure.splitlines()[0]))
+    if reason != exercise.reason:
+        table.add_row("warning", Text(f"expected reason `{exercise.reason}`", style="red"))
     return table

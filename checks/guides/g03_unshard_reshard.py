@@ -9,6 +9,8 @@ from torch.distributed.fsdp import ShardingStrategy
 from torch.distributed.fsdp import _runtime_utils as ru
 from torch.distributed.fsdp._limiter_utils import _FreeEventQueue
 
+from checks.breakit.exercises import Exercise
+from checks.breakit.patches import set_to, wrapping
 from checks.models.flat_param import layout
 from checks.models.rate_limiter import queue_calls
 from checks.naming import ROOT, clean
@@ -300,3 +302,25 @@ def reshard_queueing_regardless(original: Any, state: Any, handle: Any, free_uns
     original(state, handle, free_unsharded_flat_param)
     if free_unsharded_flat_param and not state.limit_all_gathers:
         state._free_event_queue.enqueue(state._device_handle.Event())
+
+
+# -- exercises: recipes above as puzzles (fsdp-readings exercise 03-unshard-reshard) ----------------------------
+_RU = "torch.distributed.fsdp._runtime_utils"
+_FP = "torch.distributed.fsdp._flat_param"
+
+EXERCISES = (
+    Exercise(
+        "prefetched-flag-kept",
+        claim="reshard-clears-prefetched",
+        patches=(wrapping(f"{_RU}:_reshard", reshard_keeping_prefetched),),
+        puzzle="`_reshard` runs as usual, then puts the handle's `_prefetched` flag back to what it was before.",
+        reason="prefetched-kept",
+    ),
+    Exercise(
+        "nothing-reshards-after-forward",
+        claim="full-shard-frees-non-roots",
+        patches=(set_to(f"{_FP}:RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES", ()),),
+        puzzle="The tuple of strategies that free after forward is emptied: no unit counts as one that reshards.",
+        reason="held-after-forward",
+    ),
+)

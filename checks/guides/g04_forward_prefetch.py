@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from checks.breakit.exercises import Exercise
+from checks.breakit.patches import wrapping
 from checks.models.prefetch import forward_prefetches as model_forward_prefetches
 from checks.naming import ROOT
 from checks.probes import EventLog, clock, record_events
@@ -225,3 +227,24 @@ def forward_target_after_next_iter(original: Any, eod: Any, current_handle: Any)
     """``get_handle_to_forward_prefetch`` that returns nothing until ``next_iter`` has run once: a record that
     counts as complete only after the first backward."""
     return None if eod.is_first_iter else original(eod, current_handle)
+
+
+# -- exercises: recipes above as puzzles (fsdp-readings exercise 04-forward-prefetch) ----------------------------
+_EOD = "torch.distributed.fsdp._exec_order_utils:_ExecOrderData"
+
+EXERCISES = (
+    Exercise(
+        "two-ahead",
+        claim="follows-iteration-1-order",
+        patches=(wrapping(f"{_EOD}.get_handle_to_forward_prefetch", prefetch_two_ahead),),
+        puzzle="`get_handle_to_forward_prefetch` looks two units ahead in the recorded order instead of one.",
+        reason="prefetch-order",
+    ),
+    Exercise(
+        "record-every-iteration",
+        claim="stale-order-after-change",
+        patches=(wrapping(f"{_EOD}.next_iter", next_iter_forgetting_order),),
+        puzzle="`next_iter` also forgets the recorded pre-forward order, so every iteration records it afresh.",
+        reason="not-the-recorded-order",
+    ),
+)

@@ -13,6 +13,8 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import MixedPrecision
 
+from checks.breakit.exercises import Exercise
+from checks.breakit.patches import wrapping
 from checks.models import divide_factors
 from checks.models.flat_param import layout
 from checks.models.prefetch import backward_sequence
@@ -289,3 +291,34 @@ def pad_a_chunk_more(original: Any, state: Any, unsharded_grad: Any) -> tuple[An
     padded, shard = original(state, unsharded_grad)
     extra = shard.numel() + 1
     return F.pad(padded, [0, extra * state.world_size]), torch.empty(shard.numel() + extra, dtype=shard.dtype)
+
+
+# -- exercises: recipes above as puzzles (fsdp-readings exercise 08-post-backward-reduce-scatter) ----------------
+_RU = "torch.distributed.fsdp._runtime_utils"
+
+EXERCISES = (
+    Exercise(
+        "sum-not-mean",
+        claim="sharded-grad-is-ddp-slice",
+        patches=(wrapping(f"{_RU}:_div_if_needed", sum_not_mean),),
+        puzzle="`_div_if_needed` never divides. Training still runs and the loss still falls.",
+        reason="not-bitwise",
+    ),
+    Exercise(
+        "reduce-at-the-end",
+        claim="reduce-scatter-in-post-backward",
+        patches=(
+            wrapping(f"{_RU}:_reduce_grad", defer_reduction),
+            wrapping(f"{_RU}:_post_backward_final_callback", reduce_deferred),
+        ),
+        puzzle="`_reduce_grad` only remembers each unit; the final callback reduces them all at the end of backward.",
+        reason="reduce-scatter-timing",
+    ),
+    Exercise(
+        "no-post-divide-on-4",
+        claim="sharded-grad-close-to-ddp-at-4",
+        patches=(wrapping(f"{_RU}:_reduce_grad", without_postdivide),),
+        puzzle="`_reduce_grad` runs with the post-divide factor forced to 1. Which claim notices, on 2 or on 4 ranks?",
+        reason="beyond-tolerance",
+    ),
+)

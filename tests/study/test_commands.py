@@ -16,6 +16,7 @@ from rich.console import Console
 from checks.breakit.patches import set_to
 from checks.ranks.manager import PoolManager
 from reader.cli import build_parser, make_console
+from reader.parse import load_guide
 
 REPO = Path(__file__).resolve().parents[2]
 READINGS = REPO / "readings"
@@ -57,7 +58,7 @@ def test_predict_scores_and_reveals_what_the_run_observed(pool, data_dir, tmp_pa
     assert "{'root': None, 'blocks.0': None, 'blocks.1': None, 'blocks.2': None}" in out
     assert "Expects one homogeneous value for limit_all_gathers" in out
     assert re.search(r"observed\s+3528", out)
-    saved = json.loads((data_dir / "progress.json").read_text())[GUIDE]
+    saved = json.loads((data_dir / "progress.json").read_text())["predict"][GUIDE]
     assert saved["is-root-at-construction"]["correct"] is False and saved["root-all-gather-at-4"]["correct"] is True
     assert saved["root-all-gather-at-4"]["observed"] == 3528
 
@@ -144,3 +145,32 @@ def test_no_color_on_a_terminal_too() -> None:
         assert make_console(force_terminal=True).no_color  # ...unless NO_COLOR is set
     finally:
         del os.environ["NO_COLOR"]
+
+
+def test_an_exercise_reveals_the_failure_its_break_it_test_asserts(pool, data_dir, tmp_path) -> None:
+    path = tmp_path / "exercise.toml"
+    path.write_text('two-ahead = "b"\n')  # b) follows-iteration-1-order
+    code, out = run(["exercise", "04-forward-prefetch", "two-ahead", "--answers", str(path)], pool)
+    assert code == 0, out
+    flat = " ".join(out.split())
+    assert "you b right" in flat and "follows-iteration-1-order: reason `prefetch-order`" in flat
+    failing = re.search(r"failing (.*?) why", flat)
+    assert failing is not None and "follows-iteration-1-order" in failing.group(1)
+    saved = json.loads((data_dir / "progress.json").read_text())["exercises"]["04-forward-prefetch"]
+    assert saved["two-ahead"]["correct"] is True
+
+
+def test_an_unknown_exercise_lists_the_guides_exercises(data_dir) -> None:
+    code, out = run(["exercise", "04-forward-prefetch", "no-such-one"])
+    assert code == 2 and "two-ahead" in out and "record-every-iteration" in out
+
+
+def test_list_shows_drift_claim_results_and_scores(pool, data_dir, tmp_path) -> None:
+    run(["check", GUIDE, "non-roots-share-root-state"], pool)
+    run(["predict", GUIDE, "--no-run", "--answers", str(answers(tmp_path, RIGHT))], pool)
+    code, out = run(["list"], width=100)
+    assert code == 0
+    row = next(line for line in out.splitlines() if GUIDE in line)
+    cells = [cell.strip() for cell in row.split("│") if cell.strip()]
+    guide = load_guide(READINGS / f"{GUIDE}.md")
+    assert cells[1:] == [f"{len(guide.anchors)} ok", f"1/{len(guide.claims)}", "3/3", "-"], cells

@@ -1,0 +1,52 @@
+"""Exercises: a guide's break-it patches offered as puzzles (``fsdp-readings exercise GUIDE``).
+
+An exercise names a patch of torch (built from the guide's own recipes, `checks.breakit.patches`), the claim it
+makes fail and the `checks.violation.Violation` reason that failure carries. The learner reads the patch, guesses
+which claim fails, then the patched check runs and shows its failure. ``tests/break_it/test_exercises.py`` runs
+every exercise the same way and asserts the reason, so an exercise is a break-it test with a question on top.
+
+A guide module declares them as ``EXERCISES = (Exercise(...), ...)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+from checks.ranks.protocol import Patch
+from checks.ranks.symbols import split
+
+
+@dataclass(frozen=True)
+class Exercise:
+    id: str
+    claim: str  # the claim the patch makes fail
+    patches: tuple[Patch, ...]
+    puzzle: str  # what the patch does, in the guide's words; the question is always "which claim fails, and why?"
+    reason: str  # the Violation reason the failure carries
+    overrides: dict[str, Any] = field(default_factory=dict)  # kwargs the claim runs with (rarely needed)
+
+
+def exercises_of(check_module: str) -> tuple[Exercise, ...]:
+    """The ``EXERCISES`` of a guide's check module (empty when it declares none)."""
+    return tuple(getattr(importlib.import_module(check_module), "EXERCISES", ()))
+
+
+def describe(patch: Patch) -> str:
+    """One line a learner can read: what is replaced, and by what (the recipe's docstring, first sentence)."""
+    target = patch.target.replace(":", ".")
+    factory = patch.params.get("wrapper", patch.factory)
+    module, qualname = split(str(factory))
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    doc = (inspect.getdoc(found) or qualname).split("\n\n")[0].replace("\n", " ")
+    if patch.factory.endswith(":value"):
+        doc = f"set to {patch.params.get('value')!r}"
+    elif patch.factory.endswith(":returns"):
+        doc = f"returns {patch.params.get('value')!r} without running"
+    elif patch.factory.endswith(":noop"):
+        doc = "does nothing"
+    return f"{target}: {doc}"
