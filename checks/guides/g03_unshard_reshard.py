@@ -15,6 +15,7 @@ from checks.models.flat_param import layout
 from checks.models.rate_limiter import queue_calls
 from checks.naming import ROOT, clean
 from checks.probes import assert_sequence, record_comm, record_events
+from checks.probes.memory_series import record_memory_series
 from checks.ranks.context import RankContext
 from checks.violation import require, require_equal
 from checks.workloads.gpt import batch, fsdp1_gpt, padded_sizes, unit_numels, units
@@ -244,6 +245,41 @@ def rate_limiter_waits_as_the_rule_says(ctx: RankContext, limit_all_gathers: boo
         require(waits, "limit-never-reached", "the step never reached the limit: nothing was tested")
     queued = [int(call.split()[1]) for call in queue.calls if call.startswith("queue")]
     return {"calls": queue.calls, "pending_at_start": pending, "largest_queue": max([pending, *queued])}
+
+
+def memory_over_the_step(ctx: RankContext) -> dict[str, Any]:
+    """One step of FULL_SHARD and of SHARD_GRAD_OP, with a memory snapshot after each unit's forward and
+    post-backward: at the end of forward SHARD_GRAD_OP holds exactly the three blocks' padded unsharded flat
+    parameters more (from the layout model), and over the step it issues one all-gather fewer per block."""
+    series: dict[str, list[tuple[str, dict[str, int]]]] = {}
+    gathers: dict[str, int] = {}
+    for strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
+        model = fsdp1_gpt(ctx, sharding_strategy=ShardingStrategy[strategy])
+        optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        x, y = batch(ctx)
+        with record_comm() as comm, record_memory_series(model, optim) as recorder:
+            recorder.mark("start")
+            loss = model(x, y)[1]
+            recorder.mark("after forward")
+            loss.backward()
+            recorder.mark("after backward")
+            optim.step()
+            recorder.mark("after step")
+        series[strategy] = recorder.series.points
+        gathers[strategy] = comm.count("all_gather")
+    sizes = padded_sizes(ctx.world_size, element_bytes=4)
+    blocks = [name for name in sizes if name != ROOT]
+    expected_extra = sum(4 * sizes[name] for name in blocks)
+
+    def unsharded(strategy: str) -> int:
+        return dict(series[strategy])["after forward"]["unsharded"]
+
+    extra = unsharded("SHARD_GRAD_OP") - unsharded("FULL_SHARD")
+    what = "unsharded bytes SHARD_GRAD_OP holds beyond FULL_SHARD after forward"
+    require_equal(extra, expected_extra, reason="extra-unsharded-bytes", what=what)
+    saved = gathers["FULL_SHARD"] - gathers["SHARD_GRAD_OP"]
+    require_equal(saved, len(blocks), reason="all-gathers-saved", what="all-gathers SHARD_GRAD_OP saves per step")
+    return {"series": series, "all_gathers": gathers, "extra_unsharded_bytes": extra}
 
 
 # -- break-it recipes: this guide's behaviour bent on purpose (tests/break_it/ applies them) --------------

@@ -118,3 +118,17 @@ def test_a_root_freed_after_forward_is_caught(broken) -> None:
     # The first forward's all-gathers are as expected; the root's storage is already gone after it.
     run = broken(wrapping(f"{RU}:_post_forward_reshard", reshard_everything))
     assert (run.reason, run.details) == ("root-freed", {"forward": 1, "observed": 0})
+
+
+@pytest.mark.breaks("03-unshard-reshard", "memory-over-the-step")
+def test_full_shard_that_frees_nothing_holds_as_much_as_shard_grad_op(broken) -> None:
+    run = broken(NOTHING_RESHARDS)
+    assert run.reason == "extra-unsharded-bytes"
+    assert (run.details["observed"], run.details["expected"]) == (0, 3 * BLOCK_BYTES)
+
+
+@pytest.mark.breaks("03-unshard-reshard", "memory-over-the-step")
+def test_doubled_all_gathers_change_what_shard_grad_op_saves(broken) -> None:
+    run = broken(wrapping(f"{FP}:FlatParamHandle._all_gather_flat_param", all_gather_twice))
+    assert run.reason == "all-gathers-saved"
+    assert (run.details["observed"], run.details["expected"]) == (6, 3)

@@ -32,13 +32,6 @@ def run(argv: list[str], pool: PoolManager | None = None, patches: tuple = (), w
     return code, console.export_text()
 
 
-@pytest.fixture
-def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    where = tmp_path / "data"
-    monkeypatch.setenv("FSDP_READINGS_DATA_DIR", str(where))
-    return where
-
-
 def answers(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "answers.toml"
     path.write_text(text)
