@@ -38,6 +38,8 @@ from reader.study import (
     run_exercise,
     run_predict,
 )
+from reader.timeline import configure as configure_timeline
+from reader.timeline import run as run_timeline
 from reader.workspace import NotApprovable, Workspace
 
 
@@ -245,6 +247,12 @@ COMMANDS: list[Command] = [
         "exercise", "name the claim a break-it patch makes fail, then watch it fail", configure_exercise, run_exercise
     ),
     Command("memory", "bytes held per category over a step, from a real run", memory_view.configure, memory_view.run),
+    Command(
+        "timeline",
+        "a claim's FSDP events and collectives in issue order, each with the torch line that issued it",
+        configure_timeline,
+        run_timeline,
+    ),
 ]
 
 

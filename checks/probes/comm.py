@@ -16,7 +16,10 @@ per rank, group size and ranks, the Python API the caller used (outermost frame 
 outside torch's collective plumbing, e.g.
 ``torch.distributed.fsdp._flat_param:FlatParamHandle._all_gather_flat_param``), whether it was issued inside
 backward, asynchronously, or by an object collective (``all_gather_object`` and friends, marked
-``object_collective``). Async work handles are recorded when issued; waits are not recorded.
+``object_collective``). Async work handles are recorded when issued; waits are not recorded. When the check is
+captured (`checks.probes.capture`), ``source`` is the line the calling function is executing (the call in
+progress, ``torch/distributed/fsdp/_flat_param.py:<line>``); a collective C++ issued (DDP's buckets) names the
+Python frame that was running then, typically the autograd engine's ``run_backward`` call.
 
 Tensor subclasses (DTensor, funcol's AsyncCollectiveTensor) are let through first, so the collectives their own
 dispatch issues come back through the recorder instead of running inside it unseen.
@@ -41,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
-from checks.probes import clock, collectives
+from checks.probes import capture, clock, collectives
 from checks.probes.crosscheck import BackendEvents, CrossCheck, compare
 
 # Frames that are torch's collective plumbing, never "the caller".
@@ -88,6 +91,7 @@ class Collective:
     in_backward: bool = False
     rank: int = -1
     seq: int = 0
+    source: str = ""  # captured checks only: the caller's line, "torch/distributed/fsdp/_flat_param.py:1390"
 
     def key(self) -> tuple[Any, ...]:
         return (
@@ -192,7 +196,7 @@ class _Recorder(TorchDispatchMode):
         numels = tuple(t.numel() * factor for t in payload.tensors)
         nbytes = sum(t.numel() * t.element_size() * factor for t in payload.tensors)
         dtypes = {str(t.dtype) for t in payload.tensors}
-        api, caller = _attribute(sys._getframe(2), name)
+        api, caller, frame = _attribute(sys._getframe(2), name)
         kind = payload.kind
         ring = (
             float(payload.sent_bytes_p2p)
@@ -222,6 +226,7 @@ class _Recorder(TorchDispatchMode):
                 in_backward=torch._C._current_graph_task_id() != -1,
                 rank=self.log.rank,
                 seq=clock.tick(),
+                source=capture.where(frame) if frame is not None and capture.active() else "",
             )
         )
 
@@ -245,8 +250,8 @@ def _group(group: Any) -> tuple[int, tuple[int, ...], str]:
     return group.size(), ranks, backend
 
 
-def _attribute(frame: types.FrameType | None, op_name: str) -> tuple[str, str]:
-    """(api, caller): the outermost Python collective API on the stack and the frame that called it."""
+def _attribute(frame: types.FrameType | None, op_name: str) -> tuple[str, str, types.FrameType | None]:
+    """(api, caller, its frame): the outermost Python collective API on the stack and the frame that called it."""
     api = ""
     direct = False  # Python called the operator itself (torch.ops....), not through an API function
     while frame is not None:
@@ -263,7 +268,7 @@ def _attribute(frame: types.FrameType | None, op_name: str) -> tuple[str, str]:
     caller = f"{frame.f_globals.get('__name__', '?')}:{frame.f_code.co_qualname}" if frame is not None else "?"
     if not api:
         api = f"torch.ops.{op_name.replace('::', '.')}" if direct else "<C++>"
-    return api, caller
+    return api, caller, frame
 
 
 @contextmanager
@@ -287,6 +292,7 @@ def record_comm(*, crosscheck: bool = True) -> Iterator[CommLog]:
     finally:
         if witness is not None:
             witness.__exit__(None, None, None)
+        capture.add(log)  # the same object: the cross-check below is filled in before the result is sent
     if witness is not None:
         log.crosscheck = compare(log.records, witness.events, witness.method)
         if not log.crosscheck.ok:

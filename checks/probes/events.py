@@ -21,7 +21,9 @@ Each event has the unit's name (`checks.naming`: ``root``, ``blocks.0``; wrapper
 training state when the event began (FSDP1 ``HandleTrainingState``, FSDP2 ``TrainingState`` names), the iteration
 (1 until the first final callback returns, then 2, ...), the rank, and ``seq`` from the clock shared with the comm
 recorder.
-`FsdpEvent.key` leaves out the rank and ``seq`` so that logs compare across ranks.
+`FsdpEvent.key` leaves out the rank and ``seq`` so that logs compare across ranks. When the check is captured
+(`checks.probes.capture`), each event also names the torch line that issued it (``source``, ``via``; the rules are
+in `checks.probes.fsdp_hooks`).
 
 How: FSDP1 registers its hooks as ``functools.partial`` objects that hold the functions at wrap time, so patching
 module attributes after wrapping would miss them. The recorder observes the functions' code objects instead,
@@ -47,7 +49,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from checks.probes import fsdp_hooks
+from checks.probes import capture, fsdp_hooks
 from checks.probes.event_log import EventLog, FsdpEvent
 from checks.probes.recording import Recording
 from checks.ranks import tracing
@@ -74,6 +76,7 @@ def record_events(model: nn.Module | None = None) -> Iterator[EventLog]:
             log.events = recording.finish()
             log.completed_iterations = recording.iteration - 1
             log.notes = recording.notes
+            capture.add(log)
     if subscription.errors:
         error = subscription.errors[0]
         raise RecorderFailed(f"the FSDP event recorder's hook failed, so its events are incomplete: {error!r}") from (

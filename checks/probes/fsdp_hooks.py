@@ -3,10 +3,25 @@
 This is the module that knows torch's private FSDP internals (argument names, state attributes). Every symbol is
 resolved when a recording starts; one that a new torch renamed or removed stops the recording with its name,
 instead of silently recording nothing.
+
+Source lines (only while a check is captured, `checks.probes.capture`; otherwise no frame is looked at for them):
+
+- an event's ``source`` is the line of the FSDP code that called the observed function, where the call is in
+  progress (``_pre_forward_unshard``'s ``_unshard(...)`` for an unshard, ``_post_forward_reshard``'s
+  ``_reshard(...)`` for a free, ``_post_backward_hook``'s ``_reduce_grad(...)``); decorator wrappers in between
+  are skipped, as for the issuer.
+- a prefetch is about the prefetch function (FSDP1 ``_prefetch_handle``, FSDP2 ``_prefetch_unshard``): ``source``
+  is where the issuing unit's hook called it (``_prefetch_handle(state, handle, _PrefetchMode.FORWARD)``), and
+  ``via`` the line inside it that issued the unshard.
+- when the caller is not FSDP code (hooks autograd calls: FSDP1's pre- and post-backward hooks and final
+  callback; anything called from user code), ``source`` is the observed function's own ``def`` line: the
+  nearest Python frame there is the autograd engine's ``run_backward`` call (or the user's), which says nothing
+  about FSDP.
 """
 
 from __future__ import annotations
 
+import os
 import types
 from collections.abc import Callable
 from typing import Any
@@ -14,7 +29,7 @@ from typing import Any
 import torch
 
 from checks.naming import ROOT, unit_name
-from checks.probes import clock
+from checks.probes import capture, clock
 from checks.probes.recording import Recording
 from checks.ranks.symbols import code_objects
 from checks.ranks.tracing import CallHook, ReturnHook
@@ -60,6 +75,24 @@ def _caller(frame: types.FrameType) -> types.FrameType | None:
     return caller
 
 
+_FSDP_DIR = f"{os.sep}torch{os.sep}distributed{os.sep}fsdp{os.sep}"
+
+
+def _source(frame: types.FrameType) -> str:
+    """Where the event of ``frame`` was issued (the rules are in the module docstring); "" unless captured."""
+    if not capture.active():
+        return ""
+    caller = _caller(frame)
+    if caller is not None and _FSDP_DIR in caller.f_code.co_filename:
+        return capture.where(caller)
+    return capture.defined_at(frame)
+
+
+def _prefetch_source(prefetch: types.FrameType) -> tuple[str, str]:
+    """(source, via) of a prefetch whose unshard ``prefetch`` (the prefetch function's frame) is issuing."""
+    return (_source(prefetch), capture.where(prefetch)) if capture.active() else ("", "")
+
+
 def _name(state: Any) -> str:
     return state.name if hasattr(state, "name") else str(state)
 
@@ -80,13 +113,13 @@ def _fsdp1(rec: Recording) -> dict[types.CodeType, CallHook]:
         return _name(handle._training_state)
 
     def root_pre_forward(frame: types.FrameType) -> ReturnHook:
-        seq, iteration = clock.tick(), rec.iteration
+        seq, iteration, source = clock.tick(), rec.iteration, _source(frame)
         state, module = frame.f_locals["state"], frame.f_locals["module"]
 
         def done(frame: types.FrameType, value: Any) -> None:
             if state._is_root:  # every FSDP1 instance calls it; only the root's does anything
                 rec.add_root(module)
-                rec.emit("root_pre_forward", ROOT, "", api="fsdp1", seq=seq, iteration=iteration)
+                rec.emit("root_pre_forward", ROOT, "", api="fsdp1", seq=seq, iteration=iteration, source=source)
 
         return done
 
@@ -99,12 +132,17 @@ def _fsdp1(rec: Recording) -> dict[types.CodeType, CallHook]:
         if caller is not None and caller.f_code is prefetch_code:
             issuer = caller.f_locals["current_handle"]
             fqn, target, state, kind = handle_fqn(issuer), handle_fqn(handle), state_of(issuer), "prefetch"
+            source, via = _prefetch_source(caller)
         else:
             fqn, target, state, kind = handle_fqn(handle), None, state_of(handle), "unshard"
+            source, via = _source(frame), ""
 
         def done(frame: types.FrameType, value: Any) -> None:
             detail = "all-gather" if gathers[0] > before else "no all-gather"
-            rec.emit(kind, fqn, state, api="fsdp1", target=target, detail=detail, seq=seq, iteration=iteration)
+            rec.emit(
+                kind, fqn, state, api="fsdp1", target=target, detail=detail, seq=seq, iteration=iteration,
+                source=source, via=via,
+            )  # fmt: skip
 
         return done
 
@@ -114,17 +152,18 @@ def _fsdp1(rec: Recording) -> dict[types.CodeType, CallHook]:
     def reshard(frame: types.FrameType) -> None:
         handle = frame.f_locals["handle"]
         kind = "free" if frame.f_locals["free_unsharded_flat_param"] else "reshard"
-        rec.emit(kind, handle_fqn(handle), state_of(handle), api="fsdp1")
+        rec.emit(kind, handle_fqn(handle), state_of(handle), api="fsdp1", source=_source(frame))
 
     def pre_backward(frame: types.FrameType) -> None:
         handle = frame.f_locals["handle"]
         if handle and not getattr(handle, "_ran_pre_backward_hook", False):
-            rec.emit("pre_backward", handle_fqn(handle), state_of(handle), api="fsdp1")
+            rec.emit("pre_backward", handle_fqn(handle), state_of(handle), api="fsdp1", source=_source(frame))
 
     def post_backward(detail: str) -> CallHook:
         def hook(frame: types.FrameType) -> None:
             handle = frame.f_locals["handle"]
-            rec.emit("post_backward", handle_fqn(handle), state_of(handle), api="fsdp1", detail=detail)
+            fqn, state = handle_fqn(handle), state_of(handle)
+            rec.emit("post_backward", fqn, state, api="fsdp1", detail=detail, source=_source(frame))
 
         return hook
 
@@ -132,15 +171,15 @@ def _fsdp1(rec: Recording) -> dict[types.CodeType, CallHook]:
         state, handle = frame.f_locals["state"], frame.f_locals["handle"]
         hybrid = _name(handle._sharding_strategy) in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
         detail = "comm hook" if state._comm_hook is not None else "reduce-scatter" + (" + all-reduce" * hybrid)
-        rec.emit("reduce_grad", handle_fqn(handle), state_of(handle), api="fsdp1", detail=detail)
+        rec.emit("reduce_grad", handle_fqn(handle), state_of(handle), api="fsdp1", detail=detail, source=_source(frame))
 
     def reduce_grad_no_shard(frame: types.FrameType) -> None:
         state, handle = frame.f_locals["state"], frame.f_locals["handle"]
         detail = "comm hook" if state._comm_hook is not None else "all-reduce"
-        rec.emit("reduce_grad", handle_fqn(handle), state_of(handle), api="fsdp1", detail=detail)
+        rec.emit("reduce_grad", handle_fqn(handle), state_of(handle), api="fsdp1", detail=detail, source=_source(frame))
 
     def final_callback(frame: types.FrameType) -> ReturnHook:
-        rec.emit("final_callback", rec.unit(frame.f_locals["module"]), "", api="fsdp1")
+        rec.emit("final_callback", rec.unit(frame.f_locals["module"]), "", api="fsdp1", source=_source(frame))
         return _next_iteration(rec)
 
     return {
@@ -196,6 +235,7 @@ def _fsdp2(rec: Recording) -> dict[types.CodeType, CallHook]:
         prefetched = caller is not None and caller.f_code is prefetch_code
         issuer, issuer_state = issuer_of(_caller(caller)) if prefetched and caller is not None else ("", "")
         state = _name(group._training_state)
+        source, via = _prefetch_source(caller) if prefetched and caller is not None else (_source(frame), "")
 
         def done(frame: types.FrameType, value: Any) -> None:
             if group._all_gather_result is None:
@@ -204,10 +244,13 @@ def _fsdp2(rec: Recording) -> dict[types.CodeType, CallHook]:
             if prefetched:
                 rec.emit(
                     "prefetch", issuer, issuer_state, api="fsdp2", target=group_fqn(group), detail=detail, seq=seq,
-                    iteration=iteration,
+                    iteration=iteration, source=source, via=via,
                 )  # fmt: skip
             else:
-                rec.emit("unshard", group_fqn(group), state, api="fsdp2", detail=detail, seq=seq, iteration=iteration)
+                rec.emit(
+                    "unshard", group_fqn(group), state, api="fsdp2", detail=detail, seq=seq, iteration=iteration,
+                    source=source,
+                )  # fmt: skip
 
         return done
 
@@ -217,17 +260,21 @@ def _fsdp2(rec: Recording) -> dict[types.CodeType, CallHook]:
     def wait_for_unshard(frame: types.FrameType) -> None:
         group = frame.f_locals["self"]
         if group._all_gather_result is not None:  # else there is nothing to wait for and it returns at once
-            rec.emit("wait_unshard", group_fqn(group), _name(group._training_state), api="fsdp2")
+            state = _name(group._training_state)
+            rec.emit("wait_unshard", group_fqn(group), state, api="fsdp2", source=_source(frame))
 
     def to_sharded(kind: str, detail: str) -> CallHook:
         def hook(frame: types.FrameType) -> ReturnHook:
             group = frame.f_locals["self"]
-            seq, iteration = clock.tick(), rec.iteration
+            seq, iteration, source = clock.tick(), rec.iteration, _source(frame)
             before, state = group._sharded_state, _name(group._training_state)
 
             def done(frame: types.FrameType, value: Any) -> None:
                 if group._sharded_state != before:
-                    rec.emit(kind, group_fqn(group), state, api="fsdp2", detail=detail, seq=seq, iteration=iteration)
+                    rec.emit(
+                        kind, group_fqn(group), state, api="fsdp2", detail=detail, seq=seq, iteration=iteration,
+                        source=source,
+                    )  # fmt: skip
 
             return done
 
@@ -236,14 +283,16 @@ def _fsdp2(rec: Recording) -> dict[types.CodeType, CallHook]:
     def pre_backward(frame: types.FrameType) -> None:
         group = frame.f_locals["self"]
         if _name(group._training_state) != "PRE_BACKWARD":  # a repeated call returns at once
-            rec.emit("pre_backward", group_fqn(group), _name(group._training_state), api="fsdp2")
+            state = _name(group._training_state)
+            rec.emit("pre_backward", group_fqn(group), state, api="fsdp2", source=_source(frame))
 
     def post_backward(frame: types.FrameType) -> None:
         group = frame.f_locals["self"]
         caller = _caller(frame)
         late = caller is not None and caller.f_code is final_code
         detail = "from final callback" if late else ""
-        rec.emit("post_backward", group_fqn(group), _name(group._training_state), api="fsdp2", detail=detail)
+        state = _name(group._training_state)
+        rec.emit("post_backward", group_fqn(group), state, api="fsdp2", detail=detail, source=_source(frame))
 
     def foreach_reduce(frame: types.FrameType) -> None:
         local = frame.f_locals
@@ -256,21 +305,23 @@ def _fsdp2(rec: Recording) -> dict[types.CodeType, CallHook]:
             parts.append("all-reduce")
         fqn = group_fqn(group) if group is not None else "?"
         state = _name(group._training_state) if group is not None else ""
-        rec.emit("reduce_grad", fqn, state, api="fsdp2", detail=" + ".join(parts))
+        rec.emit("reduce_grad", fqn, state, api="fsdp2", detail=" + ".join(parts), source=_source(frame))
 
     def root_pre_forward(frame: types.FrameType) -> ReturnHook:
         state = frame.f_locals["self"]
-        seq, iteration = clock.tick(), rec.iteration
+        seq, iteration, source = clock.tick(), rec.iteration, _source(frame)
         before = state._state_ctx.iter_forward_root
 
         def done(frame: types.FrameType, value: Any) -> None:
             if before is None and state._state_ctx.iter_forward_root is state:
-                rec.emit("root_pre_forward", state_fqn(state), "", api="fsdp2", seq=seq, iteration=iteration)
+                rec.emit(
+                    "root_pre_forward", state_fqn(state), "", api="fsdp2", seq=seq, iteration=iteration, source=source
+                )
 
         return done
 
     def final_callback(frame: types.FrameType) -> ReturnHook:
-        rec.emit("final_callback", state_fqn(frame.f_locals["self"]), "", api="fsdp2")
+        rec.emit("final_callback", state_fqn(frame.f_locals["self"]), "", api="fsdp2", source=_source(frame))
         return _next_iteration(rec)
 
     table: dict[types.CodeType, Callable[[types.FrameType], Any]] = {

@@ -15,7 +15,7 @@ class Recording:
     def __init__(self, model: nn.Module | None, rank: int) -> None:
         self.rank = rank
         self.iteration = 1
-        self.pending: list[tuple[int, int, str, str, str, str | None, str, str]] = []
+        self.pending: list[tuple[int, int, str, str, str, str | None, str, str, str, str]] = []
         self.notes: list[str] = []
         self._units: dict[int, str] = {}
         self._roots: list[nn.Module] = []
@@ -51,6 +51,8 @@ class Recording:
         detail: str = "",
         seq: int | None = None,
         iteration: int | None = None,
+        source: str = "",
+        via: str = "",
     ) -> None:
         self.pending.append(
             (
@@ -62,12 +64,14 @@ class Recording:
                 target,
                 detail,
                 api,
+                source,
+                via,
             )
         )
 
     def finish(self) -> list[FsdpEvent]:
         ordered = sorted(self.pending, key=lambda p: p[0])  # return-time events were stamped at call time
         return [
-            FsdpEvent(i, iteration, kind, unit, state, target, detail, api, self.rank, seq)
-            for i, (seq, iteration, kind, unit, state, target, detail, api) in enumerate(ordered, start=1)
+            FsdpEvent(i, iteration, kind, unit, state, target, detail, api, self.rank, seq, source, via)
+            for i, (seq, iteration, kind, unit, state, target, detail, api, source, via) in enumerate(ordered, start=1)
         ]

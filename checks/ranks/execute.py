@@ -5,7 +5,10 @@ from __future__ import annotations
 import pickle
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
+from typing import Any
 
 from checks.breakit import patching
 from checks.ranks import isolation, tracing
@@ -21,10 +24,15 @@ def execute(request: CheckRequest, ctx: RankContext) -> RankResult:
     groups_before = isolation.live_groups()
     started = time.perf_counter()
     executed: set[str] = set()
+    captured: list[Any] = []
     try:
         isolation.reseed(request.seed)
         check = load(request.target)
-        with patching.applied(request.patches), tracing.watch(request.trace) as seen:
+        with (
+            patching.applied(request.patches),
+            tracing.watch(request.trace) as seen,
+            _capturing(request.capture) as captured,
+        ):
             try:
                 value = check(ctx, **request.kwargs)
             finally:
@@ -41,8 +49,31 @@ def execute(request: CheckRequest, ctx: RankContext) -> RankResult:
     except Exception as exc:  # cleanup failing means the next check cannot trust this rank
         result = _failed(ctx.rank, exc, prefix="cleanup after the check failed:\n")
     result.executed = frozenset(executed)
+    result.captured = [_sendable(log) for log in captured]  # a failed check's logs too: they show how far it got
     result.duration = time.perf_counter() - started
     return result
+
+
+@contextmanager
+def _capturing(on: bool) -> Iterator[list[Any]]:
+    """The probe logs the check records when ``on`` (`checks.probes.capture`), else an empty list. Imported only
+    when asked for: the probes import torch, which a check that records nothing may never need."""
+    if not on:
+        yield []
+        return
+    from checks.probes import capture
+
+    with capture.collecting() as logs:
+        yield logs
+
+
+def _sendable(log: object) -> object:
+    """A captured log as it is if it pickles, else its repr (a log must never stop the result coming back)."""
+    try:
+        pickle.dumps(log)
+    except Exception as exc:
+        return f"unpicklable {type(log).__name__}: {exc}"
+    return log
 
 
 def _ensure_picklable(value: object, target: str) -> None:

@@ -35,6 +35,9 @@ class CheckRequest:
     patches: tuple[Patch, ...] = ()
     timeout: float | None = None  # seconds; None takes the manager's default
     seed: int = 0
+    # Collect every probe log the check records, with each record's torch source line (checks.probes.capture):
+    # for views of the whole run (``fsdp-readings timeline``); off, probes attribute no lines and cost nothing more.
+    capture: bool = False
 
 
 @dataclass
@@ -54,6 +57,7 @@ class RankResult:
     signal: str | None = None  # e.g. "SIGSEGV" when the rank died of a signal
     stack: str | None = None  # faulthandler dump: all threads, taken on timeout or fatal error
     log: str = ""  # what the rank wrote to stdout/stderr during this check
+    captured: list[Any] = field(default_factory=list)  # the probe logs of a `CheckRequest.capture` run, in order
 
 
 @dataclass
