@@ -261,6 +261,8 @@ def run_predict(args: argparse.Namespace, console: Console) -> int:
             console.print(_revealed(reveal), soft_wrap=False)
             scores.record(guide.id, question.id, given, reveal.correct, reveal.observed)
             reveals.append(reveal)
+        for (guide_id, claim_id), verdict in runner._verdicts.items():  # unpatched runs: what `list` shows
+            scores.record_claim(guide_id, claim_id, _result(verdict))
     scores.save()
     right, scored = scores.score(guide.id)
     console.print(f"score: {right}/{scored} on {guide.id}")
