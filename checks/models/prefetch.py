@@ -1,4 +1,4 @@
-"""Which unit FSDP1 unshards ahead of time, as rules over unit names (guides 04 and, for backward, the probes).
+"""Which unit FSDP1 unshards ahead of time, as rules over unit names (guide 04 forward, guide 06 backward).
 
 Forward (``forward_prefetch=True``, guide 04): iteration 1 records the order units run their pre-forward; from
 then on, when unit U runs its pre-forward it prefetches the unit after U in the *recorded* order, unless that unit
@@ -9,6 +9,11 @@ post-backward follows its own gradient computation, and the root's comes last wh
 output. A prefetch targets the unit before the issuer in post-forward order, if that unit has not been unsharded
 for backward yet: BACKWARD_PRE issues it from the pre-backward hook, BACKWARD_POST from the post-backward hook,
 None never.
+
+The candidate comes from the post-forward record (guide 06): every post-forward appends its unit, and a unit's
+index is where it was first recorded, except that torch tests the index for truth, so the unit recorded at
+index 0 takes a new index at its second use (`post_forward_record`). `backward_sequence_of_uses` follows that
+record for a forward that may use a unit more than once; for distinct units it is `backward_sequence`.
 """
 
 from __future__ import annotations
@@ -74,3 +79,64 @@ def forward_sequence(root: str, inner: Sequence[str], strategy: str) -> list[str
     for unit in inner:
         seq += [f"unshard {unit}", f"{'reshard' if keep_inner else 'free'} {unit}"]
     return [*seq, f"reshard {root}"]
+
+
+def post_forward_record(uses: Sequence[str], *, zero_is_falsy: bool = True) -> tuple[list[str], dict[str, int]]:
+    """What ``_ExecOrderData.record_post_forward`` leaves after post-forwards ran for ``uses``, in order, with
+    nothing reset in between: the list (every use is appended, repeats included) and each unit's
+    ``_post_forward_index``. Torch tests ``if handle._post_forward_index:``, so a unit at index 0 counts as not yet
+    recorded and takes the index of its second use (``zero_is_falsy``); ``False`` models an ``is not None`` test,
+    where every unit keeps the index of its first use."""
+    record: list[str] = []
+    index: dict[str, int] = {}
+    for unit in uses:
+        recorded = bool(index.get(unit)) if zero_is_falsy else unit in index
+        if not recorded:
+            index[unit] = len(record)
+        record.append(unit)
+    return record, index
+
+
+def backward_sequence_of_uses(uses: Sequence[str], policy: str | None, *, zero_is_falsy: bool = True) -> list[str]:
+    """`backward_sequence` for a forward whose post-forwards ran for ``uses`` (a unit may appear more than once; the
+    root, which produces the output, once and last). Autograd reaches the uses in reverse: a unit's pre-backward
+    hook runs at its last use only (later calls return at once), its post-backward after the gradient of its first
+    use. A prefetch targets ``record[index[issuer] - 1]`` of `post_forward_record`, unless that unit's pre-backward
+    already ran or it was already prefetched."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown backward prefetch policy {policy!r}; one of {POLICIES}")
+    *inner, root = uses
+    if root in inner:
+        raise ValueError(f"the root {root!r} must be used once, last")
+    record, index = post_forward_record(uses, zero_is_falsy=zero_is_falsy)
+    first_use = {unit: inner.index(unit) for unit in inner}
+    ran: set[str] = set()
+    prefetched: set[str] = set()
+    seq: list[str] = []
+
+    def prefetch(issuer: str) -> None:
+        i = index[issuer] - 1
+        if i >= 0 and record[i] not in ran and record[i] not in prefetched:
+            prefetched.add(record[i])
+            seq.append(f"prefetch {issuer}→{record[i]}")
+
+    def pre(unit: str) -> None:
+        seq.append(f"pre_backward {unit}")
+        ran.add(unit)
+        if policy == "BACKWARD_PRE":
+            prefetch(unit)
+
+    def post(unit: str) -> None:
+        seq.append(f"post_backward {unit}")
+        if policy == "BACKWARD_POST":
+            prefetch(unit)
+
+    pre(root)
+    for position in reversed(range(len(inner))):
+        unit = inner[position]
+        if unit not in ran:
+            pre(unit)
+        if position == first_use[unit]:
+            post(unit)
+    post(root)
+    return seq

@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from checks.models.prefetch import backward_sequence, forward_prefetches, forward_sequence
+from checks.models.prefetch import (
+    backward_sequence,
+    backward_sequence_of_uses,
+    forward_prefetches,
+    forward_sequence,
+    post_forward_record,
+)
 
 UNITS = ["root", "blocks.0", "blocks.1", "blocks.2"]
 
@@ -74,3 +80,103 @@ def test_forward_sequence_by_strategy() -> None:
     assert forward_sequence("root", ["0"], "FULL_SHARD") == ["root_pre_forward root", "unshard root", "unshard 0",
                                                              "free 0", "reshard root"]  # fmt: skip
     assert "reshard 0" in forward_sequence("root", ["0"], "SHARD_GRAD_OP")
+
+
+# -- the post-forward record (guide 06) ---------------------------------------------------------------------------
+FIRST_REUSED = ["blocks.0", "blocks.1", "blocks.0", "blocks.2", "root"]
+OTHER_REUSED = ["blocks.0", "blocks.1", "blocks.2", "blocks.1", "root"]
+
+
+def test_every_use_is_appended_and_the_unit_at_index_0_moves_to_its_second_use() -> None:
+    record, index = post_forward_record(FIRST_REUSED)
+    assert record == FIRST_REUSED
+    assert index == {"blocks.0": 2, "blocks.1": 1, "blocks.2": 3, "root": 4}
+    assert post_forward_record(FIRST_REUSED, zero_is_falsy=False)[1]["blocks.0"] == 0
+
+
+def test_a_reused_unit_at_a_later_index_keeps_its_first_use() -> None:
+    assert post_forward_record(OTHER_REUSED)[1] == {"blocks.0": 0, "blocks.1": 1, "blocks.2": 2, "root": 4}
+
+
+def test_forwards_without_a_reset_grow_the_record_by_one_entry_per_unit() -> None:
+    one = ["blocks.0", "blocks.1", "blocks.2", "root"]
+    for k in range(1, 6):
+        record, index = post_forward_record(one * k)
+        assert len(record) == 4 * k
+        assert index == {"blocks.0": 0 if k == 1 else 4, "blocks.1": 1, "blocks.2": 2, "root": 3}
+
+
+def test_the_first_unit_reused_prefetches_from_its_second_use() -> None:
+    assert backward_sequence_of_uses(FIRST_REUSED, "BACKWARD_PRE") == [
+        "pre_backward root", "prefetch root→blocks.2", "pre_backward blocks.2", "prefetch blocks.2→blocks.0",
+        "post_backward blocks.2", "pre_backward blocks.0", "prefetch blocks.0→blocks.1", "pre_backward blocks.1",
+        "post_backward blocks.1", "post_backward blocks.0", "post_backward root",
+    ]  # fmt: skip
+    # With an `is not None` test blocks.0 keeps index 0, has no candidate, and blocks.1 is never prefetched.
+    fixed = backward_sequence_of_uses(FIRST_REUSED, "BACKWARD_PRE", zero_is_falsy=False)
+    assert [e for e in fixed if e.startswith("prefetch")] == ["prefetch root→blocks.2", "prefetch blocks.2→blocks.0"]
+
+
+def test_another_unit_reused_prefetches_from_its_first_use() -> None:
+    assert backward_sequence_of_uses(OTHER_REUSED, "BACKWARD_PRE") == [
+        "pre_backward root", "prefetch root→blocks.1", "pre_backward blocks.1", "prefetch blocks.1→blocks.0",
+        "pre_backward blocks.2", "post_backward blocks.2", "post_backward blocks.1", "pre_backward blocks.0",
+        "post_backward blocks.0", "post_backward root",
+    ]  # fmt: skip
+    assert backward_sequence_of_uses(OTHER_REUSED, "BACKWARD_PRE", zero_is_falsy=False) == (
+        backward_sequence_of_uses(OTHER_REUSED, "BACKWARD_PRE")
+    )
+
+
+def test_the_root_must_be_used_once_and_last() -> None:
+    with pytest.raises(ValueError, match="used once, last"):
+        backward_sequence_of_uses(["root", "0", "root"], None)
+    with pytest.raises(ValueError, match="unknown backward prefetch policy"):
+        backward_sequence_of_uses(["0", "root"], "BACKWARD_SOMETIMES")
+
+
+POLICY = st.sampled_from(["BACKWARD_PRE", "BACKWARD_POST", None])
+BLOCKS = [f"blocks.{i}" for i in range(5)]
+
+
+@given(st.permutations(BLOCKS).flatmap(lambda p: st.integers(0, len(p)).map(lambda n: p[:n])), POLICY)
+def test_distinct_uses_give_the_plain_backward_sequence(blocks: list[str], policy: str | None) -> None:
+    order = [*blocks, "root"]
+    assert backward_sequence_of_uses(order, policy) == backward_sequence(order, policy)
+
+
+USES = st.lists(st.sampled_from(BLOCKS[:3]), min_size=0, max_size=8).map(lambda u: [*u, "root"])
+
+
+@given(USES)
+def test_the_record_keeps_every_use_and_first_indices_except_at_zero(uses: list[str]) -> None:
+    record, index = post_forward_record(uses)
+    assert record == uses
+    positions = {u: [i for i, v in enumerate(uses) if v == u] for u in set(uses)}
+    for unit, at in positions.items():
+        if unit == uses[0] and len(at) > 1:
+            assert index[unit] == at[1]  # index 0 is falsy: the second use records it again
+        else:
+            assert index[unit] == at[0]
+    assert post_forward_record(uses, zero_is_falsy=False)[1] == {u: at[0] for u, at in positions.items()}
+
+
+@given(USES, POLICY, st.booleans())
+def test_any_forward_runs_each_hook_once_and_prefetches_ahead_of_need(
+    uses: list[str], policy: str | None, zero_is_falsy: bool
+) -> None:
+    seq = backward_sequence_of_uses(uses, policy, zero_is_falsy=zero_is_falsy)
+    units = sorted(set(uses))
+    for hook in ("pre_backward", "post_backward"):
+        assert sorted(e.split()[1] for e in seq if e.startswith(hook)) == units
+    for unit in units:
+        assert seq.index(f"pre_backward {unit}") < seq.index(f"post_backward {unit}")
+    pairs = [e.split()[1].split("→") for e in seq if e.startswith("prefetch")]
+    targets = [t for _, t in pairs]
+    assert len(targets) == len(set(targets)) and "root" not in targets
+    for (issuer, target), at in zip(pairs, [i for i, e in enumerate(seq) if e.startswith("prefetch")], strict=True):
+        assert at < seq.index(f"pre_backward {target}")  # a prefetch comes before the target needs it
+        hook = {"BACKWARD_PRE": "pre_backward", "BACKWARD_POST": "post_backward"}[policy]
+        assert seq[at - 1] == f"{hook} {issuer}"  # issued by the issuer's own hook, right after it starts
+    if policy is None:
+        assert not pairs
