@@ -243,7 +243,7 @@ def run_predict(args: argparse.Namespace, console: Console) -> int:
     if not questions:
         console.print(f"[red]{guide.id} has no predict questions[/]")
         return BROKEN
-    answers = _answers_from(args.answers, questions, console) if args.answers else None
+    answers = read_answers(args.answers, [q.id for q in questions], "question", console) if args.answers else None
     if args.answers and answers is None:
         return BROKEN
     try:
@@ -270,18 +270,19 @@ def run_predict(args: argparse.Namespace, console: Console) -> int:
     return FAILED if any(r.failure for r in reveals) else CLEAN
 
 
-def _answers_from(path: Path, questions: list[PredictQuestion], console: Console) -> dict[str, str] | None:
+def read_answers(path: Path, ids: list[str], kind: str, console: Console) -> dict[str, str] | None:
+    """An answers file (TOML, or JSON by suffix) mapping each of ``ids`` (``kind``: "question", "exercise") to
+    an answer; a list becomes a comma-separated order. Says what is wrong and returns None otherwise."""
     try:
         text = path.read_text(encoding="utf-8")
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except (OSError, ValueError) as exc:
-        console.print(f'[red]{path}: cannot read answers ({exc})[/] (write TOML: question-id = "answer")')
+        console.print(f'[red]{path}: cannot read answers ({exc})[/] (write TOML: {kind}-id = "answer")')
         return None
-    ids = [q.id for q in questions]
     unknown, missing = sorted(set(data) - set(ids)), [i for i in ids if i not in data]
     if unknown or missing:
-        what = f"unknown question(s) {', '.join(unknown)}" if unknown else f"no answer for {', '.join(missing)}"
-        console.print(f"[red]{path}: {what}[/] (questions: {', '.join(ids)})")
+        what = f"unknown {kind}(s) {', '.join(unknown)}" if unknown else f"no answer for {', '.join(missing)}"
+        console.print(f"[red]{path}: {what}[/] ({kind}s: {', '.join(ids)})")
         return None
     return {key: ", ".join(map(str, value)) if isinstance(value, list) else str(value) for key, value in data.items()}
 
@@ -382,7 +383,7 @@ def run_exercise(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[red]{guide.id} has {what}[/] (exercises: {', '.join(known) or 'none'})")
         return BROKEN
     chosen = [e for e in available if not args.exercises or e.id in args.exercises]
-    answers = _exercise_answers(args.answers, chosen, console) if args.answers else None
+    answers = read_answers(args.answers, [e.id for e in chosen], "exercise", console) if args.answers else None
     if args.answers and answers is None:
         return BROKEN
     try:
@@ -414,22 +415,6 @@ def run_exercise(args: argparse.Namespace, console: Console) -> int:
     right, tried = scores.score(guide.id, "exercises")
     console.print(f"exercises: {right}/{tried} on {guide.id}")
     return FAILED if surprises else CLEAN
-
-
-def _exercise_answers(path: Path, chosen: list[Any], console: Console) -> dict[str, str] | None:
-    try:
-        text = path.read_text(encoding="utf-8")
-        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (OSError, ValueError) as exc:
-        console.print(f'[red]{path}: cannot read answers ({exc})[/] (write TOML: exercise-id = "claim-id")')
-        return None
-    ids = [e.id for e in chosen]
-    unknown, missing = sorted(set(data) - set(ids)), [i for i in ids if i not in data]
-    if unknown or missing:
-        what = f"unknown exercise(s) {', '.join(unknown)}" if unknown else f"no answer for {', '.join(missing)}"
-        console.print(f"[red]{path}: {what}[/] (exercises: {', '.join(ids)})")
-        return None
-    return {key: str(value) for key, value in data.items()}
 
 
 def _claim_named(given: str, claims: list[str]) -> str | None:
