@@ -61,9 +61,10 @@ class StepRecord:
 
 @contextmanager
 def record_step(
-    model: nn.Module, optim: torch.optim.Optimizer | None = None, *, crosscheck: bool = True, peaks: bool = True
+    model: nn.Module, optim: torch.optim.Optimizer | None = None, *, crosscheck: bool = True, peaks: bool = False
 ) -> Iterator[StepRecord]:
-    """All three probes around one block: ``with record_step(model, optim) as step: ...``."""
+    """All three probes around one block: ``with record_step(model, optim) as step: ...`` (``peaks=True`` adds
+    the memory trackers' peaks; see `account_memory`)."""
     with (
         record_comm(crosscheck=crosscheck) as comm,
         record_events(model) as events,

@@ -205,11 +205,12 @@ class MemoryAccount:
 
 @contextmanager
 def account_memory(
-    model: nn.Module, optim: torch.optim.Optimizer | None = None, *, peaks: bool = True
+    model: nn.Module, optim: torch.optim.Optimizer | None = None, *, peaks: bool = False
 ) -> Iterator[MemoryAccount]:
-    """Snapshot at entry and exit; peaks per category over the block from torch's trackers where available
-    (``mem.peak``, else ``mem.peak_unavailable`` says why); CUDA allocator stats on GPU (else
-    ``mem.cuda_unavailable`` says why)."""
+    """Snapshot at entry and exit; with ``peaks``, peaks per category over the block from torch's trackers where
+    available (``mem.peak``, else ``mem.peak_unavailable`` says why); CUDA allocator stats on GPU (else
+    ``mem.cuda_unavailable`` says why). Peaks are opt-in: torch's memory tracker intercepts every operator and
+    costs more than the step it watches, so only a check that reads a peak should pay for it."""
     account = MemoryAccount(before=snapshot(model, optim))
     tracker = peak_tools.PeakTracker(model, optim, _unsharded_buffers(model)) if peaks else None
     if tracker is not None:

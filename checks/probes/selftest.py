@@ -59,11 +59,11 @@ def _explicit_prefetch(model: torch.nn.Module, lists: dict[str, dict[str, list[s
         module(name).set_modules_to_backward_prefetch([module(t) for t in targets])
 
 
-def step_probes(ctx: RankContext, kind: str, steps: int = 1, **options: Any) -> StepRecord:
+def step_probes(ctx: RankContext, kind: str, steps: int = 1, peaks: bool = False, **options: Any) -> StepRecord:
     """Build ``kind`` over the toy and record ``steps`` training steps with all three probes (no zero_grad after
-    the last step, so gradients are still there for the memory snapshot)."""
+    the last step, so gradients are still there for the memory snapshot); ``peaks`` adds the memory peaks."""
     model, optim = build(ctx, kind, **options)
-    with record_step(model, optim) as step:
+    with record_step(model, optim, peaks=peaks) as step:
         for i in range(steps):
             model(toy.toy_batch(ctx, step=i)).sum().backward()
             optim.step()
@@ -252,7 +252,7 @@ def three_lines(ctx: RankContext, kind: str = "fsdp1") -> dict[str, Any]:
 
     model, optim = build(ctx, kind)
     x = toy.toy_batch(ctx)
-    with record_comm() as comm, record_events() as events, account_memory(model, optim) as mem:
+    with record_comm() as comm, record_events() as events, account_memory(model, optim, peaks=True) as mem:
         loss = model(x).sum()
         loss.backward()
         optim.step()
@@ -260,7 +260,7 @@ def three_lines(ctx: RankContext, kind: str = "fsdp1") -> dict[str, Any]:
 
 
 # -- beyond the toy: mini_gpt --------------------------------------------------------------------------------------
-PROBES = ("none", "comm", "events", "memory", "memory-no-peaks", "all")
+PROBES = ("none", "comm", "events", "memory", "memory-no-peaks", "all", "all-with-peaks")
 
 
 def mini_gpt_steps(
@@ -301,16 +301,17 @@ def mini_gpt_steps(
         "none": contextlib.nullcontext,
         "comm": record_comm,
         "events": lambda: record_events(model),
-        "memory": lambda: account_memory(model, optim),
+        "memory": lambda: account_memory(model, optim, peaks=True),
         "memory-no-peaks": lambda: account_memory(model, optim, peaks=False),
         "all": lambda: record_step(model, optim),
+        "all-with-peaks": lambda: record_step(model, optim, peaks=True),
     }
     started = time.perf_counter()
     with probes[probe]() as recorded:
         for _ in range(steps):
             step()
     out: dict[str, Any] = {"seconds_per_step": (time.perf_counter() - started) / steps, "n_layer": config.n_layer}
-    if probe == "all":
+    if probe.startswith("all"):
         out["step"] = recorded
         reference = list(GPT(config).parameters())  # unwrapped: tied weights once
         out["numel"], out["tensors"] = sum(p.numel() for p in reference), len(reference)

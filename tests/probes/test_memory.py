@@ -114,7 +114,7 @@ def unsharded_peak(step: object) -> int:
     ],
 )
 def test_fsdp1_unsharded_peak(ranks, strategy: str, policy: str | None, units_at_once: str) -> None:
-    step = ranks("step_probes", kind="fsdp1", strategy=strategy, backward_prefetch=policy)[0]
+    step = ranks("step_probes", kind="fsdp1", strategy=strategy, backward_prefetch=policy, peaks=True)[0]
     flat = {u: flat_numel(u, 2) for u in ALL_UNITS}
     elements = sum(flat.values()) if units_at_once == "all" else flat[ROOT] + max(flat[u] for u in UNITS)
     report = step.memory.peak
@@ -129,12 +129,14 @@ def test_fsdp2_and_ddp_peaks(ranks) -> None:
     resharded before the next copies out, the root is held through forward and backward: peak = root + the
     largest unit. DDP (MemTracker): parameters and gradients peak at |θ|·4; the tracker counts the optimizer
     step's temporaries as optimizer state, so that peak is at least the state left after the step."""
-    fsdp2 = ranks("step_probes", kind="fsdp2", steps=2)[0]  # two iterations: the trackers' per-module stats reset
+    fsdp2 = ranks("step_probes", kind="fsdp2", steps=2, peaks=True)[
+        0
+    ]  # two iterations: the trackers' per-module stats reset
     assert fsdp2.memory.peak.tracker == "FSDPMemTracker"
     padded = {u: 2 * fsdp2_unit_shard(u, 2) for u in ALL_UNITS}
     assert unsharded_peak(fsdp2) == FP32 * (padded[ROOT] + max(padded[u] for u in UNITS))
     assert fsdp2.memory.peak.peak["params"] == FP32 * sum(fsdp2_unit_shard(u, 2) for u in ALL_UNITS)
-    ddp = ranks("step_probes", kind="ddp")[0]
+    ddp = ranks("step_probes", kind="ddp", peaks=True)[0]
     assert ddp.memory.peak.peak["params"] == ddp.memory.peak.peak["grads"] == FP32 * theta()
     assert ddp.memory.peak.peak["optim"] >= ddp.memory.after.nbytes("optim")
 
@@ -144,7 +146,7 @@ def test_accountant_follows_sabotaged_free(ranks) -> None:
     believes every unit is already unsharded and never all-gathers; the accountant must show all unsharded flat
     parameters alive after the step, and the comm recorder no all-gather."""
     sabotage = Patch("torch.distributed.utils:_free_storage", "checks.breakit.sabotage:noop")
-    step = ranks("step_probes", kind="fsdp1", patches=(sabotage,))[0]
+    step = ranks("step_probes", kind="fsdp1", patches=(sabotage,), peaks=True)[0]
     everything = FP32 * sum(flat_numel(u, 2) for u in ALL_UNITS)
     assert step.memory.after.nbytes("unsharded") == everything
     assert unsharded_peak(step) == everything
