@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from reader.cli_session import BROKEN, CLEAN, DRIFT
-from reader.study import _one_guide, _pool_options, claim_runner
+from reader.study import claim_runner, one_guide, pick_claims, pool_options
 
 CATEGORIES = ("params", "unsharded", "grads", "optim")  # drawn left to right; buffers are 0 in these models
 STYLES = {"params": "blue", "unsharded": "magenta", "grads": "yellow", "optim": "green"}
@@ -41,17 +41,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("claim", metavar="CLAIM", help="a claim whose check records a memory series")
     parser.add_argument("--rank", type=int, default=0, help="whose memory to draw (default: rank 0)")
     parser.add_argument("--svg", type=Path, default=None, metavar="FILE", help="also write the picture as SVG")
-    _pool_options(parser)
+    pool_options(parser)
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    opened = _one_guide(args, console)
+    opened = one_guide(args, console)
     if isinstance(opened, int):
         return opened
     session, guide = opened
-    claims = [c.id for c in guide.claims]
-    if args.claim not in claims:
-        console.print(f"[red]{guide.id} has no claim {args.claim}[/] (claims: {', '.join(claims)})")
+    if pick_claims(guide, [args.claim], console) is None:
         return BROKEN
     with claim_runner(session, args) as runner, console.status(f"running claim {args.claim}…", spinner="dots"):
         verdict = runner.verdict(guide, guide.claim(args.claim))

@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 from rich.text import Text
 
-from reader.cli_session import BROKEN, CLEAN, DRIFT, Session, open_session
+from reader.cli_session import BROKEN, CLEAN, DRIFT, Session, display, open_session
 from reader.evidence import UnresolvedAnchors, traced_request
 from reader.failures import blocked_claim
 from reader.guide import ClaimSpec, Guide
@@ -77,16 +77,29 @@ class ClaimRunner:
         return self._verdicts[key]
 
     def _run(self, guide: Guide, claim: ClaimSpec) -> ClaimVerdict:
-        where = f"{_display(guide.path)}:{claim.line}"
+        where = f"{display(guide.path)}:{claim.line}"
         try:
             request, resolutions = traced_request(self.session.workspace, guide, claim, patches=self.patches)
         except UnresolvedAnchors as exc:
-            return ClaimVerdict(None, blocked_claim(where, _display(guide.path), guide, claim, exc.failed))
+            return ClaimVerdict(None, blocked_claim(where, display(guide.path), guide, claim, exc.failed))
         if self._manager is None:
             from checks.ranks.manager import PoolManager  # starts no process until a check runs
 
             self._manager = PoolManager(backend=self.backend, timeout=self.timeout)
         return judge(self._manager.run(request), where, guide, claim, resolutions)
+
+    @contextmanager
+    def patched(self, patches: tuple[Any, ...]) -> Iterator[ClaimRunner]:
+        """Runs with ``patches`` applied; their verdicts are kept apart from unpatched ones and forgotten after."""
+        kept, self._verdicts, self.patches = self._verdicts, {}, patches
+        try:
+            yield self
+        finally:
+            self._verdicts, self.patches = kept, ()
+
+    def verdicts(self) -> dict[tuple[str, str], ClaimVerdict]:
+        """Every verdict this runner reached, by (guide id, claim id)."""
+        return dict(self._verdicts)
 
     def close(self) -> None:
         if self._manager is not None and self._owns_manager:
@@ -110,19 +123,12 @@ def claim_runner(session: Session, args: argparse.Namespace) -> Iterator[ClaimRu
         session.workspace.source.close()
 
 
-def _display(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
-def _pool_options(parser: argparse.ArgumentParser) -> None:
+def pool_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help="default: auto")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per claim before its ranks are stopped")
 
 
-def _one_guide(args: argparse.Namespace, console: Console) -> tuple[Session, Guide] | int:
+def one_guide(args: argparse.Namespace, console: Console) -> tuple[Session, Guide] | int:
     args.guide_ids, args.torch_source = [args.guide], None
     session = open_session(args, console)
     if isinstance(session, int):
@@ -138,15 +144,15 @@ def configure_check(parser: argparse.ArgumentParser) -> None:
     parser.epilog = CHECK_EXAMPLES
     parser.add_argument("guide", metavar="GUIDE", help="a guide id, e.g. 04-forward-prefetch")
     parser.add_argument("claims", nargs="*", metavar="CLAIM", help="claim ids (default: every claim)")
-    _pool_options(parser)
+    pool_options(parser)
 
 
 def run_check(args: argparse.Namespace, console: Console) -> int:
-    opened = _one_guide(args, console)
+    opened = one_guide(args, console)
     if isinstance(opened, int):
         return opened
     session, guide = opened
-    claims = _pick_claims(guide, args.claims, console)
+    claims = pick_claims(guide, args.claims, console)
     if claims is None:
         return BROKEN
     rows: list[tuple[ClaimSpec, ClaimVerdict, float]] = []
@@ -183,7 +189,7 @@ def _result(verdict: ClaimVerdict) -> str:
     return "skipped" if verdict.skipped else "failed" if verdict.failure else "passed"
 
 
-def _pick_claims(guide: Guide, wanted: Sequence[str], console: Console) -> list[ClaimSpec] | None:
+def pick_claims(guide: Guide, wanted: Sequence[str], console: Console) -> list[ClaimSpec] | None:
     known = [c.id for c in guide.claims]
     unknown = [c for c in wanted if c not in known]
     if unknown:
@@ -222,7 +228,7 @@ def configure_predict(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("guide", metavar="GUIDE", help="a guide id, e.g. 04-forward-prefetch")
     parser.add_argument("--answers", type=Path, default=None, metavar="FILE", help="answers as TOML or JSON")
     parser.add_argument("--no-run", action="store_true", help="reveal the guide's answers without running claims")
-    _pool_options(parser)
+    pool_options(parser)
 
 
 @dataclass(frozen=True)
@@ -235,7 +241,7 @@ class Reveal:
 
 
 def run_predict(args: argparse.Namespace, console: Console) -> int:
-    opened = _one_guide(args, console)
+    opened = one_guide(args, console)
     if isinstance(opened, int):
         return opened
     session, guide = opened
@@ -261,7 +267,7 @@ def run_predict(args: argparse.Namespace, console: Console) -> int:
             console.print(_revealed(reveal), soft_wrap=False)
             scores.record(guide.id, question.id, given, reveal.correct, reveal.observed)
             reveals.append(reveal)
-        for (guide_id, claim_id), verdict in runner._verdicts.items():  # unpatched runs: what `list` shows
+        for (guide_id, claim_id), verdict in runner.verdicts().items():  # unpatched runs: what `list` shows
             scores.record_claim(guide_id, claim_id, _result(verdict))
     scores.save()
     right, scored = scores.score(guide.id)
@@ -364,13 +370,13 @@ def configure_exercise(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("guide", metavar="GUIDE", help="a guide id, e.g. 04-forward-prefetch")
     parser.add_argument("exercises", nargs="*", metavar="EXERCISE", help="exercise ids (default: all)")
     parser.add_argument("--answers", type=Path, default=None, metavar="FILE", help="answers as TOML or JSON")
-    _pool_options(parser)
+    pool_options(parser)
 
 
 def run_exercise(args: argparse.Namespace, console: Console) -> int:
     from checks.breakit.exercises import exercises_of  # imports the guide's check module (and torch)
 
-    opened = _one_guide(args, console)
+    opened = one_guide(args, console)
     if isinstance(opened, int):
         return opened
     session, guide = opened
@@ -398,9 +404,8 @@ def run_exercise(args: argparse.Namespace, console: Console) -> int:
             console.print(_puzzle(exercise, claims, number, len(chosen)), soft_wrap=False)
             given = answers[exercise.id] if answers is not None else _prompt(console)
             guessed = _claim_named(given, claims)
-            runner.patches = exercise.patches
-            runner._verdicts.clear()  # a patched run must not answer for an unpatched one, nor for another patch
-            with console.status("running the guide's claims with the patch…", spinner="dots"):
+            status = console.status("running the guide's claims with the patch…", spinner="dots")
+            with runner.patched(exercise.patches), status:
                 verdicts = {claim.id: runner.verdict(guide, claim) for claim in guide.claims}
             failing = [cid for cid, v in verdicts.items() if v.failure]
             main = verdicts[exercise.claim]
@@ -410,7 +415,6 @@ def run_exercise(args: argparse.Namespace, console: Console) -> int:
             console.print(solution, soft_wrap=False)
             seen = f"failing: {', '.join(failing) or 'none'}"
             scores.record_exercise(guide.id, exercise.id, given, guessed in failing, seen)
-        runner.patches, runner._verdicts = (), {}
     scores.save()
     right, tried = scores.score(guide.id, "exercises")
     console.print(f"exercises: {right}/{tried} on {guide.id}")

@@ -11,12 +11,10 @@ A guide module declares them as ``EXERCISES = (Exercise(...), ...)``.
 from __future__ import annotations
 
 import importlib
-import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
 from checks.ranks.protocol import Patch
-from checks.ranks.symbols import split
 
 
 @dataclass(frozen=True)
@@ -32,21 +30,3 @@ class Exercise:
 def exercises_of(check_module: str) -> tuple[Exercise, ...]:
     """The ``EXERCISES`` of a guide's check module (empty when it declares none)."""
     return tuple(getattr(importlib.import_module(check_module), "EXERCISES", ()))
-
-
-def describe(patch: Patch) -> str:
-    """One line a learner can read: what is replaced, and by what (the recipe's docstring, first sentence)."""
-    target = patch.target.replace(":", ".")
-    factory = patch.params.get("wrapper", patch.factory)
-    module, qualname = split(str(factory))
-    found: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        found = getattr(found, part)
-    doc = (inspect.getdoc(found) or qualname).split("\n\n")[0].replace("\n", " ")
-    if patch.factory.endswith(":value"):
-        doc = f"set to {patch.params.get('value')!r}"
-    elif patch.factory.endswith(":returns"):
-        doc = f"returns {patch.params.get('value')!r} without running"
-    elif patch.factory.endswith(":noop"):
-        doc = "does nothing"
-    return f"{target}: {doc}"

@@ -18,7 +18,7 @@ from checks.probes import assert_sequence, record_comm, record_events
 from checks.probes.memory_series import record_memory_series
 from checks.ranks.context import RankContext
 from checks.violation import require, require_equal
-from checks.workloads.gpt import batch, fsdp1_gpt, padded_sizes, unit_numels, units
+from checks.workloads.gpt import batch, fsdp1_gpt, padded_sizes, unit_numels, unit_of_parameter, units
 from mini_gpt import GPT, preset
 
 FREES_AFTER_FORWARD = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}  # the guide's table, by strategy
@@ -97,12 +97,6 @@ def _parameter_shapes(preset_name: str = "tiny") -> dict[str, tuple[int, ...]]:
     return {name: tuple(param.shape) for name, param in model.named_parameters()}
 
 
-def _unit_of(name: str, unit_names: Any) -> str:
-    """The unit a parameter of mini_gpt belongs to: its ``blocks.i`` prefix, else the root."""
-    prefix = ".".join(name.split(".")[:2])
-    return prefix if prefix in unit_names else ROOT
-
-
 def _expected_views(rank: int, world_size: int, strategy: str) -> dict[str, str]:
     """What each original parameter should look like after a forward with grad enabled, by the rule the guide
     reads in ``_use_sharded_flat_param``: SHARD_GRAD_OP skips the sharded views (the module keeps plain tensors of
@@ -115,7 +109,7 @@ def _expected_views(rank: int, world_size: int, strategy: str) -> dict[str, str]
     in_shard = {unit: list(layout(numels, 4, world_size).in_shard(rank)) for unit, numels in unit_numels().items()}
     expected = {}
     for name in shapes:  # registration order, the order the layout model lists each unit's parameters in
-        numel = in_shard[_unit_of(name, in_shard)].pop(0)
+        numel = in_shard[unit_of_parameter(name, in_shard)].pop(0)
         expected[name] = f"Parameter ({numel},) " + ("over the shard" if numel else "empty")
     return expected
 
@@ -153,7 +147,7 @@ def views_after_forward(ctx: RankContext, strategy: str) -> dict[str, str]:
     views = {}
     for path, param in model.named_parameters():
         name = clean(path)
-        views[name] = _describe_view(param, handles[_unit_of(name, handles)])
+        views[name] = _describe_view(param, handles[unit_of_parameter(name, handles)])
     expected = _expected_views(ctx.rank, ctx.world_size, strategy)
     require_equal(views, expected, reason="views-after-forward", what=f"{strategy}: original parameters after forward")
     return views

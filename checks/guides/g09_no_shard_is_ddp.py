@@ -29,7 +29,7 @@ from checks.naming import ROOT, clean
 from checks.probes import assert_sequence, record_comm
 from checks.ranks.context import RankContext
 from checks.violation import require, require_equal
-from checks.workloads.gpt import batch, fsdp1_gpt, unit_numels, units
+from checks.workloads.gpt import batch, fsdp1_gpt, unit_numels, unit_of_parameter, units
 from checks.workloads.toy import wrap_ddp
 from mini_gpt import GPT, preset
 from mini_gpt.train import make_optimizer
@@ -59,17 +59,12 @@ def _layouts() -> dict[str, FlatLayout]:
     return {name: layout(numels, 4, 1, sharded=False) for name, numels in unit_numels().items()}
 
 
-def _unit_of(name: str, unit_names: Any) -> str:
-    prefix = ".".join(name.split(".")[:2])
-    return prefix if prefix in unit_names else ROOT
-
-
 def _local_flat_grads(replica: torch.nn.Module, layouts: dict[str, FlatLayout]) -> dict[str, torch.Tensor]:
     """The replica's gradients laid out as each unit's flat gradient (registration order, alignment gaps zero)."""
     flat = {name: torch.zeros(lay.unpadded_numel) for name, lay in layouts.items()}
     placed = dict.fromkeys(layouts, 0)
     for name, param in replica.named_parameters():  # registration order, the tied head skipped
-        unit = _unit_of(name, layouts)
+        unit = unit_of_parameter(name, layouts)
         start = layouts[unit].starts[placed[unit]]
         flat[unit][start : start + param.numel()] = param.grad.detach().flatten().cpu()
         placed[unit] += 1

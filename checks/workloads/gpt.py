@@ -47,6 +47,12 @@ def batch(ctx: RankContext, step: int = 0, global_batch_size: int = 8, preset_na
     return x.to(ctx.device), y.to(ctx.device)
 
 
+def unit_of_parameter(name: str, unit_names: Any) -> str:
+    """The unit a parameter of mini_gpt belongs to: its ``blocks.i`` prefix when that is a unit, else the root."""
+    prefix = ".".join(name.split(".")[:2])
+    return prefix if prefix in unit_names else ROOT
+
+
 def unit_parameters(preset_name: str = "tiny") -> dict[str, list[tuple[str, int]]]:
     """(name, numel) of each parameter per unit of mini_gpt wrapped as root + one unit per block, in
     registration order (the order FSDP flattens them), root first; a tied weight counts once, in its first owner.
@@ -57,8 +63,7 @@ def unit_parameters(preset_name: str = "tiny") -> dict[str, list[tuple[str, int]
     with torch.device("meta"):
         model = GPT(config)
     for name, param in model.named_parameters():  # named_parameters() skips the tied duplicate
-        prefix = ".".join(name.split(".")[:2])
-        found[prefix if prefix in found else ROOT].append((name, param.numel()))
+        found[unit_of_parameter(name, found)].append((name, param.numel()))
     return found
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from checks.breakit.exercises import Exercise, describe, exercises_of
+from checks.breakit.exercises import Exercise, exercises_of
 from reader.guide import Guide
 from reader.plugin import claim_request
 from tests.break_it.conftest import guides
@@ -31,7 +31,6 @@ def test_there_are_exercises_and_their_ids_are_unique() -> None:
 @pytest.mark.parametrize(("guide", "exercise"), CASES, ids=[f"{g.id}::{e.id}" for g, e in CASES])
 def test_an_exercise_fails_its_claim_for_its_reason(pool, request, guide: Guide, exercise: Exercise) -> None:
     claim = guide.claim(exercise.claim)
-    assert all(describe(patch) for patch in exercise.patches)  # every patch reads as a sentence
     run = pool.run(claim_request(request.config, guide, claim, patches=exercise.patches, **exercise.overrides))
     assert run.skipped is None, run.skipped
     assert not run.ok, f"{guide.id}::{exercise.id} left {claim.id} passing"
