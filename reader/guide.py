@@ -38,6 +38,17 @@ class AnchorSpec:
 
 
 @dataclass(frozen=True)
+class ExpectedFailure:
+    """A claim torch is known to break today: its check must fail, and for one reason only. The day it passes
+    (torch fixed the bug), a strict one fails as an unexpected pass, so the gate reports the fix."""
+
+    reason: str  # one line: why it fails today
+    issue: str  # the tracking issue's URL
+    fails_with: str  # the `Violation` reason the check raises while the bug is there
+    strict: bool = True
+
+
+@dataclass(frozen=True)
 class ClaimSpec:
     """One sentence about behaviour and the check (run on the rank pool) that proves it."""
 
@@ -50,6 +61,7 @@ class ClaimSpec:
     evidence: tuple[str, ...]  # anchor names; empty = every traceable anchor of the guide
     timeout: float | None
     line: int
+    xfail: ExpectedFailure | None = None  # `xfail = { ... }`: the claim is expected to fail, for ``fails_with``
 
 
 @dataclass(frozen=True)

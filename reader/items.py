@@ -32,7 +32,7 @@ from reader.predict import NotObserved, PredictQuestion, agrees, observed
 from reader.runner import RankPoolUnavailable
 from reader.session import session_of
 from reader.torch_source import SourceError
-from reader.verdict import ClaimVerdict, judge
+from reader.verdict import ClaimVerdict, Status, describe_xfail, judge, observed_run
 from reader.workspace import NotApprovable, Workspace
 
 if TYPE_CHECKING:
@@ -171,11 +171,24 @@ def claim_verdict(item: GuideItem, claim: ClaimSpec | None = None) -> ClaimVerdi
     return verdict
 
 
+class ExpectedClaimFailure(ItemProblem):
+    """An xfail claim whose check failed for the reason it names: pytest reports the item as xfailed."""
+
+
 def _mark_like(item: GuideItem, claim: ClaimSpec) -> None:
     """An item that runs ``claim`` carries its markers: ``world_size(n)`` and the claim's own (``slow``, ``gpu``)."""
     item.add_marker(pytest.mark.world_size(claim.world_size))
     for marker in claim.markers:
         item.add_marker(getattr(pytest.mark, marker))
+
+
+def _mark_expected_failure(item: GuideItem, claim: ClaimSpec) -> None:
+    """pytest's own xfail, for its reporting (``x``, ``XPASS``). Only `ExpectedClaimFailure` counts as the
+    expected failure; strictness is the verdict's (`reader.verdict`), which fails a strict unexpected pass with
+    a report of its own, so the marker itself is never strict."""
+    if claim.xfail is not None:
+        reason = describe_xfail(claim.xfail)
+        item.add_marker(pytest.mark.xfail(raises=ExpectedClaimFailure, strict=False, reason=reason))
 
 
 class ClaimItem(GuideItem):
@@ -187,6 +200,7 @@ class ClaimItem(GuideItem):
         self.claim = claim
         self.line = claim.line
         _mark_like(self, claim)
+        _mark_expected_failure(self, claim)
 
     def runtest(self) -> None:
         if session_of(self.config).resources.preview is not None:
@@ -198,6 +212,8 @@ class ClaimItem(GuideItem):
             self.user_properties.append(("executed", sorted(verdict.outcome.executed or ())))
         if verdict.failure:
             raise ClaimFailed(verdict.failure)
+        if verdict.status is Status.XFAILED:
+            raise ExpectedClaimFailure(f"{self.where()}: fails as expected: {verdict.expected}")
 
     def _header(self, verb: str) -> str:
         return claim_header(self.where(), self.claim, verb)
@@ -232,9 +248,8 @@ class PredictItem(GuideItem):
             raise ClaimFailed(f"{head}: its claim `{self.claim.id}` did not pass\n{verdict.failure}")
         if self.question.observe is None:
             return
-        value = verdict.outcome.values()[0]
         try:
-            seen = observed(value, self.question.observe)
+            seen = observed(observed_run(verdict), self.question.observe)
         except NotObserved as exc:
             raise ClaimFailed(f"{head}: the run of `{self.claim.id}` returned nothing at {exc}") from None
         self.user_properties.append(("observed", seen))

@@ -137,7 +137,9 @@ def _record(reader: ReaderSession, item: GuideItem, report: pytest.TestReport) -
     row = reader.findings.report.guide(guide.id, reader.display(guide.path), guide.title)
     outcome = "passed" if report.passed else "skipped" if report.skipped else "failed"
     message = ""
-    if report.skipped and isinstance(report.longrepr, tuple):
+    if hasattr(report, "wasxfail"):  # an xfail claim: failed as expected, or passed though not strict
+        outcome, message = ("xfailed" if report.skipped else "xpassed"), report.wasxfail
+    elif report.skipped and isinstance(report.longrepr, tuple):
         message = str(report.longrepr[2])
     elif report.failed:
         message = report.longreprtext.strip().split("\n")[0]

@@ -11,7 +11,7 @@ from typing import Any
 
 from reader.checkref import CHECK_RE, CheckFinder
 from reader.errors import anchor_fix
-from reader.guide import AnchorSpec, ClaimSpec
+from reader.guide import AnchorSpec, ClaimSpec, ExpectedFailure
 from reader.patterns import PatternError, pattern_tokens
 from reader.toml_fields import Fields, is_table_list
 
@@ -21,7 +21,14 @@ MARKER_RE = re.compile(r"^[A-Za-z_]\w*$")
 SYMBOL_RE = re.compile(r"^torch(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.([A-Za-z_]\w*|<locals>))*$")
 
 ANCHOR_KEYS = ("name", "symbol", "pattern")
-CLAIM_KEYS = ("id", "statement", "check", "kwargs", "world_size", "markers", "evidence", "timeout")
+CLAIM_KEYS = ("id", "statement", "check", "kwargs", "world_size", "markers", "evidence", "timeout", "xfail")
+XFAIL_KEYS = ("strict", "reason", "issue", "fails_with")
+REASON_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")  # a `Violation` reason: kebab-case
+ISSUE_RE = re.compile(r"^https://\S+$")
+XFAIL_EXAMPLE = (
+    'xfail = { strict = true, reason = "pytorch#154888: ...", '
+    'issue = "https://github.com/pytorch/pytorch/issues/154888", fails_with = "replicas-not-synced" }'
+)
 
 
 def anchor_specs(fields: Fields, raw: Any) -> tuple[list[AnchorSpec], set[str]]:
@@ -145,6 +152,7 @@ def claim_specs(
                 "write `timeout = 120`, or remove it to use the pool's default",
             )
             timeout = None
+        xfail = _xfail(fields, table["xfail"], (*at, "xfail")) if "xfail" in table else None
         if cid is not None and cid in seen:
             fields.add(
                 (*at, "id"),
@@ -165,9 +173,40 @@ def claim_specs(
                     evidence,
                     float(timeout) if timeout is not None else None,
                     fields.line(*at),
+                    xfail,
                 )
             )
     return found
+
+
+def _xfail(fields: Fields, raw: Any, at: tuple[Any, ...]) -> ExpectedFailure | None:
+    """``xfail = { strict, reason, issue, fails_with }``: every field but ``strict`` (default true) is required,
+    because an expected failure that names no issue cannot be re-checked, and one that accepts any failure
+    would hide a crash."""
+    if not isinstance(raw, dict):
+        fields.add(at, "`xfail` must be a table", f"write `{XFAIL_EXAMPLE}`")
+        return None
+    fields.unknown_keys(raw, XFAIL_KEYS, at, "xfail")
+    reason = fields.string(raw, "reason", at, 'reason = "pytorch#154888: one line on why it fails today"')
+    issue = fields.string(raw, "issue", at, 'issue = "https://github.com/pytorch/pytorch/issues/154888"')
+    if issue is not None and not ISSUE_RE.match(issue):
+        fields.add((*at, "issue"), f"`issue = {issue!r}` is not a URL", "link the tracking issue: `https://...`")
+        issue = None
+    fails_with = fields.string(
+        raw,
+        "fails_with",
+        at,
+        'fails_with = "replicas-not-synced"',
+        (REASON_RE, "the kebab-case `Violation` reason the check raises while the bug is there"),
+    )
+    strict = raw.get("strict", True)
+    if type(strict) is not bool:
+        fields.add((*at, "strict"), f"`strict` must be true or false, not {strict!r}", "write `strict = true`")
+        return None
+    if None in (reason, issue, fails_with):
+        return None
+    assert reason is not None and issue is not None and fails_with is not None
+    return ExpectedFailure(reason, issue, fails_with, strict)
 
 
 def _markers(fields: Fields, raw: Any, at: tuple[Any, ...]) -> tuple[str, ...]:

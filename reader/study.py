@@ -13,6 +13,7 @@ import json
 import sys
 import time
 import tomllib
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -33,7 +34,7 @@ from reader.guide import ClaimSpec, Guide
 from reader.predict import NotObserved, PredictQuestion, agrees, observed, parse_answer
 from reader.progress import Progress as Scores
 from reader.progress import ProgressError
-from reader.verdict import ClaimVerdict, judge
+from reader.verdict import ClaimVerdict, judge, observed_run
 
 FAILED = DRIFT  # exit 1: a claim failed (README: 0 clean, 1 failed, 2 broken input)
 
@@ -168,9 +169,10 @@ def run_check(args: argparse.Namespace, console: Console) -> int:
     for claim, verdict, _ in rows:
         if verdict.failure:
             console.print(Panel(Text(verdict.failure), title=f"{claim.id} failed", border_style="red"), soft_wrap=False)
-    failed = sum(1 for _, v, _ in rows if v.failure)
-    console.print(f"{len(rows) - failed} passed, {failed} failed")
-    return FAILED if failed else CLEAN
+    counts = Counter(v.status.value for _, v, _ in rows)
+    shown = [s for s in ("passed", "xfailed", "xpassed", "skipped", "failed") if counts[s] or s in ("passed", "failed")]
+    console.print(", ".join(f"{counts[s]} {s}" for s in shown))
+    return FAILED if counts["failed"] else CLEAN
 
 
 def _remember_claims(guide: Guide, rows: list[tuple[ClaimSpec, ClaimVerdict, float]], console: Console) -> None:
@@ -186,7 +188,7 @@ def _remember_claims(guide: Guide, rows: list[tuple[ClaimSpec, ClaimVerdict, flo
 
 
 def _result(verdict: ClaimVerdict) -> str:
-    return "skipped" if verdict.skipped else "failed" if verdict.failure else "passed"
+    return verdict.status.value
 
 
 def pick_claims(guide: Guide, wanted: Sequence[str], console: Console) -> list[ClaimSpec] | None:
@@ -205,6 +207,9 @@ def _progress(console: Console) -> Iterator[Progress]:
         yield progress
 
 
+RESULT_STYLES = {"skipped": "yellow", "failed": "red", "passed": "green", "xfailed": "cyan", "xpassed": "yellow"}
+
+
 def _results(guide: Guide, rows: list[tuple[ClaimSpec, ClaimVerdict, float]]) -> Table:
     table = Table(title=f"claims of {guide.id}", title_justify="left", expand=True)
     table.add_column("claim", ratio=3, overflow="fold")
@@ -213,7 +218,7 @@ def _results(guide: Guide, rows: list[tuple[ClaimSpec, ClaimVerdict, float]]) ->
     table.add_column("s", justify="right")
     for claim, verdict, seconds in rows:
         result = _result(verdict)
-        style = {"skipped": "yellow", "failed": "red", "passed": "green"}[result]
+        style = RESULT_STYLES[result]
         shown = Text(result.upper() if result == "failed" else result, style=style)
         table.add_row(claim.id, str(claim.world_size), shown, f"{seconds:.1f}")
     return table
@@ -323,7 +328,7 @@ def _reveal(question: PredictQuestion, given: str, runner: ClaimRunner | None, g
     if path is None:
         return Reveal(question, given, correct, f"claim {question.claim} passed", None)
     try:
-        seen = observed(verdict.outcome.values()[0], path)
+        seen = observed(observed_run(verdict), path)
     except NotObserved as exc:
         return Reveal(question, given, correct, f"nothing at {exc}", f"the run returned nothing at {exc}")
     # The run, not the guide, is the truth: score against what torch did when it disagrees with the guide.

@@ -1,17 +1,28 @@
 """A claim's verdict from one run: the rule every front end applies (pytest items, ``fsdp-readings check``).
 
 A claim passes only if its check passed on every rank and some anchored torch code ran there (runtime evidence).
+A claim with ``xfail`` inverts the first half: it holds while its check fails with the one reason it names
+(``fails_with``), through anchored code; any other failure fails it, and so does a pass when it is strict.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from checks.ranks.protocol import CheckRun
 from reader.evidence import missing_evidence
 from reader.failures import claim_header
-from reader.guide import ClaimSpec, Guide
+from reader.guide import ClaimSpec, ExpectedFailure, Guide
+
+
+class Status(Enum):
+    PASSED = "passed"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    XFAILED = "xfailed"  # an xfail claim whose check failed as expected
+    XPASSED = "xpassed"  # a non-strict xfail claim whose check passed
 
 
 @dataclass(frozen=True)
@@ -22,12 +33,34 @@ class ClaimVerdict:
     outcome: CheckRun | None
     failure: str | None = None
     skipped: str | None = None
+    expected: str | None = None  # set for XFAILED / XPASSED: what the xfail says, for the report
+
+    @property
+    def status(self) -> Status:
+        if self.skipped:
+            return Status.SKIPPED
+        if self.failure:
+            return Status.FAILED
+        if self.expected is None:
+            return Status.PASSED
+        return Status.XPASSED if self.outcome is not None and self.outcome.ok else Status.XFAILED
+
+
+def fails_as_expected(xfail: ExpectedFailure, outcome: CheckRun) -> bool:
+    """The check failed, on its own terms (a `Violation`), with the reason the xfail names."""
+    return not outcome.ok and outcome.reason == xfail.fails_with
+
+
+def describe_xfail(xfail: ExpectedFailure) -> str:
+    return f"{xfail.reason} ({xfail.issue})"
 
 
 def judge(outcome: CheckRun, where: str, guide: Guide, claim: ClaimSpec, resolutions: Any) -> ClaimVerdict:
     """The verdict on a finished run: skipped, failed (with the report), no runtime evidence, or passed."""
     if outcome.skipped:
         return ClaimVerdict(outcome, skipped=outcome.skipped)
+    if claim.xfail is not None:
+        return _judge_expected_failure(outcome, where, guide, claim, resolutions)
     if not outcome.ok:
         report = outcome.failure or "the check failed without a report"
         return ClaimVerdict(outcome, claim_header(where, claim, "failed") + "\n" + report)
@@ -35,3 +68,39 @@ def judge(outcome: CheckRun, where: str, guide: Guide, claim: ClaimSpec, resolut
     if missing:
         return ClaimVerdict(outcome, claim_header(where, claim, "failed") + "\n" + missing)
     return ClaimVerdict(outcome)
+
+
+def _judge_expected_failure(
+    outcome: CheckRun, where: str, guide: Guide, claim: ClaimSpec, resolutions: Any
+) -> ClaimVerdict:
+    xfail = claim.xfail
+    assert xfail is not None
+    expected = describe_xfail(xfail)
+    if not outcome.ok and not fails_as_expected(xfail, outcome):
+        got = f"`{outcome.reason}`" if outcome.reason else ", ".join(sorted(outcome.error_types)) or "an error"
+        head = claim_header(where, claim, "failed, but not as its xfail expects")
+        why = f"  expected to fail with `{xfail.fails_with}`: {expected}\n  failed with {got} instead"
+        return ClaimVerdict(outcome, f"{head}\n{why}\n{outcome.failure or ''}".rstrip())
+    # Failing as expected counts only if it failed inside the code the guide reads, not before reaching it.
+    missing = missing_evidence(claim, guide, resolutions, frozenset(outcome.executed or ()))
+    if missing:
+        return ClaimVerdict(outcome, claim_header(where, claim, "failed") + "\n" + missing)
+    if not outcome.ok and fails_as_expected(xfail, outcome):
+        return ClaimVerdict(outcome, expected=expected)
+    if xfail.strict:
+        head = claim_header(where, claim, "passed unexpectedly (strict xfail)")
+        why = (
+            f"  it was expected to fail with `{xfail.fails_with}`: {expected}\n"
+            "  torch may have fixed it: re-read the guide against this torch, then remove the claim's `xfail`"
+        )
+        return ClaimVerdict(outcome, f"{head}\n{why}")
+    return ClaimVerdict(outcome, expected=expected)
+
+
+def observed_run(verdict: ClaimVerdict) -> Any:
+    """What a predict question reads from a run: rank 0's return value; for a claim failing as its xfail
+    expects, the details of the `Violation` it failed with (the check's account of what torch did instead)."""
+    assert verdict.outcome is not None
+    if verdict.status is Status.XFAILED:
+        return verdict.outcome.details
+    return verdict.outcome.values()[0]

@@ -5,6 +5,10 @@ A claim that still passes with the behaviour it asserts removed proves nothing. 
 The claim runs through the same request path as its pytest item (`reader.plugin.claim_request`), and a test
 asserts *why* it failed on the structured result (``run.reason``, ``run.details``, ``run.error_types``), not on
 rendered text.
+
+For a claim with ``xfail`` (a known torch bug, its check failing for one reason today), breaking it means the
+opposite: a patch that removes the bug, or fails the check for another reason, and the item then fails (an
+unexpected pass of a strict xfail, or the wrong failure). The fixture asserts that, and the test asserts which.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from checks.ranks.protocol import CheckRun, Patch
 from reader.guide import Guide
 from reader.parse import load_guide, looks_like_guide
 from reader.plugin import claim_request
+from reader.verdict import fails_as_expected
 
 READINGS = Path(__file__).resolve().parents[2] / "readings"
 
@@ -41,7 +46,8 @@ BreakRunner = Callable[..., CheckRun]
 @pytest.fixture
 def broken(pool: PoolManager, request: pytest.FixtureRequest) -> BreakRunner:
     """``broken(*patches, **kwarg_overrides)`` runs the claim named by the test's ``breaks`` marker with the
-    patches applied, asserts it failed, and returns the run so the test can check *why* it failed."""
+    patches applied, asserts its item would fail, and returns the run so the test can check *why*: the check
+    failed (``run.reason``); for an xfail claim, it passed or failed for another reason than ``fails_with``."""
     marker = request.node.get_closest_marker("breaks")
     assert marker is not None, "a break-it test needs @pytest.mark.breaks(guide_id, claim_id)"
     guide_id, claim_id = marker.args
@@ -51,7 +57,13 @@ def broken(pool: PoolManager, request: pytest.FixtureRequest) -> BreakRunner:
     def run(*patches: Patch, **overrides: Any) -> CheckRun:
         outcome = pool.run(claim_request(request.config, guide, claim, patches=patches, **overrides))
         assert outcome.skipped is None, outcome.skipped
-        assert not outcome.ok, f"{guide_id}::{claim_id} still passed with torch broken by {patches}"
+        if claim.xfail is not None:
+            expected = claim.xfail.fails_with
+            assert not fails_as_expected(claim.xfail, outcome), (
+                f"{guide_id}::{claim_id} still fails as its xfail expects (`{expected}`) with {patches} {overrides}"
+            )
+        else:
+            assert not outcome.ok, f"{guide_id}::{claim_id} still passed with torch broken by {patches}"
         return outcome
 
     return run

@@ -263,3 +263,32 @@ def test_expect_block_problems(checks: CheckFinder):
     assert any(m.startswith("duplicate expect block `order` (first on line") for m in messages)
     assert "an expect block has one name, got `expect`" in messages
     assert "expect block `empty` is empty" in messages
+
+
+def test_an_xfail_table_is_read_into_the_claim(checks: CheckFinder):
+    xfail = 'xfail = { reason = "pytorch#1: why", issue = "https://github.com/o/r/issues/1", fails_with = "bad-order" }'
+    claims = CLAIM.replace("timeout = 90", f"timeout = 90\n{xfail}")
+    (claim,) = parse(guide(anchors=PREFETCH_ANCHOR, claims=claims), checks).claims
+    assert claim.xfail is not None
+    assert (claim.xfail.reason, claim.xfail.fails_with, claim.xfail.strict) == ("pytorch#1: why", "bad-order", True)
+
+
+@pytest.mark.parametrize(
+    ("xfail", "message"),
+    [
+        ('xfail = true', "`xfail` must be a table"),
+        ('xfail = { reason = "r", issue = "https://x/1" }', "missing `fails_with` in claims #1"),
+        ('xfail = { reason = "r", issue = "pytorch#1", fails_with = "a-b" }', "`issue = 'pytorch#1'` is not a URL"),
+        ('xfail = { reason = "r", issue = "https://x/1", fails_with = "Not Kebab" }',
+         '`fails_with = "Not Kebab"` is not a valid fails_with: the kebab-case `Violation` reason the check raises '
+         "while the bug is there"),
+        ('xfail = { strict = "yes", reason = "r", issue = "https://x/1", fails_with = "a" }',
+         "`strict` must be true or false, not 'yes'"),
+        ('xfail = { reason = "r", issue = "https://x/1", fails_with = "a", raises = "a" }',
+         "unknown key `raises` in xfail"),
+    ],
+)  # fmt: skip
+def test_bad_xfail_tables(xfail: str, message: str):
+    claims = CLAIM.replace("timeout = 90", f"timeout = 90\n{xfail}")
+    found = problems(guide(anchors=PREFETCH_ANCHOR, claims=claims))
+    assert (20, message) in {(line, m) for line, m, _ in found}

