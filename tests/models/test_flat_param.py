@@ -1,16 +1,18 @@
-"""The flat-parameter model: worked examples from guides 03 and 05, and properties over random layouts."""
+"""`layout`, the numel-only view of the flat-parameter spec the guides use: worked examples from guides 03 and 05,
+and properties over random layouts (the spec itself: test_flat_param_spec.py)."""
 
 from __future__ import annotations
 
 from itertools import pairwise
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from checks.models.flat_param import ALIGNMENT_BYTES, aligned_numel, layout, padded_numel
 
-numels = st.lists(st.integers(0, 300), max_size=12)
+FAST = settings(max_examples=60, deadline=None, database=None)
+numels = st.lists(st.integers(0, 300), min_size=1, max_size=12).filter(any)  # FSDP builds nothing from no elements
 element_bytes = st.sampled_from([1, 2, 4, 8, 16])
 world_sizes = st.integers(1, 8)
 
@@ -32,9 +34,20 @@ def test_without_alignment_parameters_are_packed() -> None:
     assert padded_numel([21, 7, 3], 4, 4, align=False) == 32
 
 
-def test_no_shard_keeps_the_unpadded_whole() -> None:
+def test_no_shard_keeps_the_whole_flat_parameter() -> None:
+    # Packed: 21 + 7 + 3 = 31, and use_orig_params=False adds no padding without sharding.
+    flat = layout([21, 7, 3], element_bytes=4, world_size=4, align=False, sharded=False)
+    assert flat.padded_numel == flat.unpadded_numel == 31 and flat.shard_numel == 31
+    # use_orig_params=True pads to the world size inside the flat parameter, NO_SHARD too: 35 -> 36 (measured).
     flat = layout([21, 7, 3], element_bytes=4, world_size=4, sharded=False)
-    assert flat.padded_numel == flat.unpadded_numel == 35 and flat.shard_numel == 35
+    assert (flat.unpadded_numel, flat.padded_numel, flat.shard_numel) == (35, 36, 36)
+    assert all(flat.shard_range(r) == (0, 36) for r in range(4))
+
+
+@pytest.mark.parametrize("sizes", [[], [0], [0, 0]])
+def test_a_unit_without_elements_is_refused(sizes: list[int]) -> None:
+    with pytest.raises(ValueError, match=r"zero-size|at least one"):
+        layout(sizes, 4, 2)
 
 
 def test_shards_of_the_toy_root_at_4_split_a_parameter() -> None:
@@ -49,6 +62,7 @@ def test_an_element_size_that_does_not_divide_the_alignment_is_refused(bad: int)
         layout([4], bad, 1)
 
 
+@FAST
 @given(numels, element_bytes, world_sizes)
 def test_parameters_are_ordered_aligned_and_disjoint(sizes: list[int], width: int, n: int) -> None:
     flat = layout(sizes, width, n)
@@ -58,9 +72,10 @@ def test_parameters_are_ordered_aligned_and_disjoint(sizes: list[int], width: in
     assert all(end <= start for end, start in zip(ends, flat.starts[1:], strict=False))
     # Alignment padding is always less than one boundary.
     assert all(start - end < step for end, start in zip(ends, flat.starts[1:], strict=False))
-    assert flat.unpadded_numel == (ends[-1] if ends else 0)
+    assert flat.unpadded_numel == ends[-1]
 
 
+@FAST
 @given(numels, element_bytes, world_sizes)
 def test_shards_are_equal_and_cover_every_element_once(sizes: list[int], width: int, n: int) -> None:
     flat = layout(sizes, width, n)
@@ -72,6 +87,7 @@ def test_shards_are_equal_and_cover_every_element_once(sizes: list[int], width: 
     assert all(a[1] == b[0] for a, b in pairwise(ranges))
 
 
+@FAST
 @given(numels, element_bytes, world_sizes)
 def test_helpers_agree_with_the_layout(sizes: list[int], width: int, n: int) -> None:
     assert aligned_numel(sizes, width) == layout(sizes, width, 1).unpadded_numel
