@@ -66,6 +66,17 @@ def missing_evidence(
             f"{NEVER_RAN}: no traceable anchor to look for. The evidence anchors ({names}) are module-level "
             "assignments or there are none; anchor the function, method or class the claim is about"
         )
+    if claim.evidence:
+        # Named evidence is a promise about each anchor: every one of them must have run.
+        silent = {symbol: names for symbol, names in wanted.items() if symbol not in executed}
+        if not silent:
+            return None
+        listed = "\n".join(f"  - {', '.join(names)}: {symbol}" for symbol, names in silent.items())
+        ran = ", ".join(sorted(executed)) if executed else "none of the traced symbols"
+        return (
+            f"{NEVER_RAN}.\nThese evidence anchors did not execute on any rank:\n{listed}\nExecuted: {ran}.\n"
+            "Make the check exercise that code, or remove the anchor from the claim's `evidence`."
+        )
     if executed & wanted.keys():
         return None
     listed = "\n".join(f"  - {', '.join(names)}: {symbol}" for symbol, names in wanted.items())

@@ -168,17 +168,18 @@ def watch(symbols: tuple[str, ...]) -> Iterator[set[str]]:
     if not symbols:
         yield seen
         return
-    hooks: dict[types.CodeType, CallHook] = {}
+    # A code object can belong to several symbols (a method, and the class anchored as a whole): its call
+    # marks every one of them.
+    owners: dict[types.CodeType, list[str]] = {}
     for symbol in symbols:
         for code in code_objects(symbol):
-            if code not in hooks:
-                hooks[code] = _marker(seen, symbol)
-    with subscribed(hooks):
+            owners.setdefault(code, []).append(symbol)
+    with subscribed({code: _marker(seen, names) for code, names in owners.items()}):
         yield seen
 
 
-def _marker(seen: set[str], symbol: str) -> CallHook:
+def _marker(seen: set[str], symbols: list[str]) -> CallHook:
     def on_call(frame: types.FrameType) -> None:
-        seen.add(symbol)
+        seen.update(symbols)
 
     return on_call

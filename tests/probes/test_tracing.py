@@ -41,6 +41,21 @@ def test_watch_keeps_its_behaviour() -> None:
     assert seen == {symbol}
 
 
+class Holder:
+    def method(self) -> int:
+        return 1
+
+    def unused(self) -> int:
+        return 2
+
+
+def test_a_method_anchored_alone_and_through_its_class_marks_both() -> None:
+    method, cls = f"{__name__}:Holder.method", f"{__name__}:Holder"
+    with tracing.watch((cls, method, f"{__name__}:Holder.unused")) as seen:
+        Holder().method()
+    assert seen == {cls, method}
+
+
 def test_two_observers_share_one_trace_function_and_may_leave_in_any_order() -> None:
     calls: list[str] = []
     first = tracing.subscribe({CODE: lambda frame: calls.append("first")})

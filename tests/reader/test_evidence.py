@@ -57,6 +57,19 @@ def test_evidence_narrows_and_reports(torch_tree: TorchTree, tmp_path: Path):
     assert f"  - unshard: {unshard}" in message and f"Executed: {RUNTIME}:_prefetch_handle." in message
 
 
+def test_named_evidence_must_all_have_run(torch_tree: TorchTree, tmp_path: Path):
+    # Without `evidence` any anchor of the guide will do; naming two promises both ran.
+    unshard, prefetch = "torch.distributed.fsdp._flat_param:FlatParamHandle.unshard", f"{RUNTIME}:_prefetch_handle"
+    g, ok = resolved(torch_tree, tmp_path, PREFETCH_ANCHOR + UNSHARD_ANCHOR, CLAIM)
+    assert missing_evidence(g.claims[0], g, ok, frozenset({unshard})) is None
+    g, ok = resolved(
+        torch_tree, tmp_path, PREFETCH_ANCHOR + UNSHARD_ANCHOR, CLAIM + 'evidence = ["prefetch", "unshard"]\n'
+    )
+    assert missing_evidence(g.claims[0], g, ok, frozenset({unshard, prefetch})) is None
+    message = missing_evidence(g.claims[0], g, ok, frozenset({unshard}))
+    assert message is not None and f"  - prefetch: {prefetch}" in message and "  - unshard" not in message
+
+
 def test_only_assignments_is_no_evidence_at_all(torch_tree: TorchTree, tmp_path: Path):
     g, ok = resolved(torch_tree, tmp_path, LIMIT_ANCHOR)
     message = missing_evidence(g.claims[0], g, ok, frozenset())
