@@ -23,17 +23,9 @@ from checks.probes import assert_sequence, record_comm, record_events
 from checks.ranks.context import RankContext
 from checks.violation import require, require_equal
 from checks.workloads import toy
-from checks.workloads.gpt import batch, fsdp1_gpt, padded_sizes, unit_parameters, units
+from checks.workloads.gpt import POST_FORWARD, batch, fsdp1_gpt, grad_shards, padded_sizes, post_backward_order, units
 from checks.workloads.toy import wrap_ddp
 from mini_gpt import GPT, preset
-
-# Post-forward order of the tiny wrap: the blocks in forward order, the root (whose forward ends last) last.
-POST_FORWARD = ("blocks.0", "blocks.1", "blocks.2", ROOT)
-
-
-def post_backward_order(post_forward: tuple[str, ...]) -> list[str]:
-    """Units in the order their post-backward hooks run, by the prefetch model's backward sequence."""
-    return [line.split()[1] for line in backward_sequence(post_forward, None) if line.startswith("post_backward")]
 
 
 def _ddp_gpt(ctx: RankContext, seed: int = 0) -> nn.Module:
@@ -43,20 +35,6 @@ def _ddp_gpt(ctx: RankContext, seed: int = 0) -> nn.Module:
 def _ddp_grads(ddp: nn.Module) -> dict[str, torch.Tensor]:
     """DDP's averaged gradients by the unwrapped model's parameter names."""
     return {name.removeprefix("module."): p.grad for name, p in ddp.named_parameters() if p.grad is not None}
-
-
-def expected_shards(grads: dict[str, torch.Tensor], world_size: int, rank: int) -> dict[str, torch.Tensor]:
-    """Each unit's sharded gradient on ``rank`` as the layout model places DDP's gradients: parameters in
-    flattening order, zeros in the alignment and world-size padding, then this rank's equal slice."""
-    shards = {}
-    for unit, params in unit_parameters().items():
-        flat = layout([numel for _, numel in params], element_bytes=4, world_size=world_size)
-        full = torch.zeros(flat.padded_numel, dtype=torch.float32)
-        for (name, numel), start in zip(params, flat.starts, strict=True):
-            full[start : start + numel] = grads[name].detach().flatten().cpu()
-        lo, hi = flat.shard_range(rank)
-        shards[unit] = full[lo:hi]
-    return shards
 
 
 def _fsdp_shards(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -87,7 +65,7 @@ def sharded_grad_is_ddp_slice(ctx: RankContext, steps: int = 1, bitwise: bool = 
     x, y = batch(ctx)
     fsdp(x, y)[1].backward()
     ddp(x, y)[1].backward()
-    diffs = _differences(_fsdp_shards(fsdp), expected_shards(_ddp_grads(ddp), ctx.world_size, ctx.rank))
+    diffs = _differences(_fsdp_shards(fsdp), grad_shards(_ddp_grads(ddp), ctx.world_size, ctx.rank))
     for unit, d in diffs.items():
         what = f"rank {ctx.rank} {unit}: sharded gradient shape"
         require_equal(d["shape"], d["expected_shape"], reason="shard-shape", what=what, unit=unit)
@@ -122,7 +100,7 @@ def one_reduce_scatter_per_unit(ctx: RankContext) -> dict[str, Any]:
         loss.backward()
     sizes = padded_sizes(ctx.world_size, element_bytes=4)
     scatters = comm.select("reduce_scatter")
-    order = post_backward_order(POST_FORWARD)
+    order = post_backward_order()
     expected = [sizes[unit] for unit in order]
     assert_sequence([c.numel for c in scatters], expected, what="reduce-scatter sizes", reason="reduce-scatters")
     callers = sorted({c.caller.split(":")[1] for c in scatters})
@@ -202,7 +180,7 @@ def accumulation_sums_shards(ctx: RankContext) -> dict[str, bool]:
     for x, y in batches:
         ddp = _ddp_gpt(ctx)
         ddp(x, y)[1].backward()
-        for unit, shard in expected_shards(_ddp_grads(ddp), ctx.world_size, ctx.rank).items():
+        for unit, shard in grad_shards(_ddp_grads(ddp), ctx.world_size, ctx.rank).items():
             summed[unit] = summed[unit] + shard if unit in summed else shard
     diffs = _differences(_fsdp_shards(fsdp), summed)
     for unit, d in diffs.items():

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import itertools
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,10 +25,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from checks.models.divide_factors import postdivide, predivide
 from checks.models.flat_param import FlatLayout, layout
 from checks.naming import ROOT, clean
+from checks.numerics import pairwise_sums
 from checks.probes import assert_sequence, record_comm
 from checks.ranks.context import RankContext
 from checks.violation import require, require_equal
 from checks.workloads.gpt import batch, fsdp1_gpt, unit_numels, unit_of_parameter, units
+from checks.workloads.groups import one_rank_group
 from checks.workloads.toy import wrap_ddp
 from mini_gpt import GPT, preset
 from mini_gpt.train import make_optimizer
@@ -218,26 +219,6 @@ def matches_ddp_bitwise(ctx: RankContext, steps: int = 5, lr: float = LR) -> dic
     }
 
 
-def _pairwise_sums(terms: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Every value a sum of ``terms`` can take in fp32 when it is computed as a tree of pairwise additions, in
-    any order and grouping (15 trees for four terms; addition of two is commutative, so a tree is unordered)."""
-    if len(terms) == 1:
-        return [terms[0]]
-    out, seen = [], set()
-    indices = range(len(terms))
-    for k in range(1, len(terms)):
-        for left in itertools.combinations(indices, k):
-            right = tuple(i for i in indices if i not in left)
-            key = frozenset((left, right))
-            if key in seen:
-                continue
-            seen.add(key)
-            for a in _pairwise_sums([terms[i] for i in left]):
-                for b in _pairwise_sums([terms[i] for i in right]):
-                    out.append(a + b)
-    return out
-
-
 def within_bound_of_ddp(ctx: RankContext, bound: float, steps: int = 5, lr: float = LR) -> dict[str, Any]:
     """On more than two ranks the two all-reduces may add the ranks' gradients in different orders. After the first
     backward, each side's gradient times N must be one of the fp32 pairwise sums of the ranks' local gradients
@@ -253,7 +234,7 @@ def within_bound_of_ddp(ctx: RankContext, bound: float, steps: int = 5, lr: floa
     local = torch.cat([params[name].grad.detach().flatten().cpu() for name in first["names"]])
     everyone = [torch.empty_like(local) for _ in range(n)]
     dist.all_gather(everyone, local)
-    sums = torch.stack(_pairwise_sums(everyone))
+    sums = torch.stack(pairwise_sums(everyone))
     for side in ("fsdp", "ddp"):
         explained = (sums == first[side] * n).any(dim=0)
         unexplained = int((~explained).sum())
@@ -321,17 +302,11 @@ def deprecation_warning_at_construction(ctx: RankContext, expected: list[str]) -
     return {"category": categories[0], "count": len(matching), "message": text, "points_at": points_at[0]}
 
 
-def _one_rank_groups(ctx: RankContext) -> dist.ProcessGroup:
-    """A process group of this rank alone (every rank must create every group)."""
-    groups = [dist.new_group([rank]) for rank in range(ctx.world_size)]
-    return groups[ctx.rank]
-
-
 def world_size_1_clamps_to_no_shard(ctx: RankContext, expected: list[str]) -> dict[str, Any]:
     """Over a one-rank process group, the default FULL_SHARD becomes NO_SHARD with a UserWarning (the guide's
     expect block) and no deprecation warning; every all-reduce then spans that one rank."""
     text = " ".join(expected)
-    alone = _one_rank_groups(ctx)
+    alone = one_rank_group(ctx)
     with _recorded_warnings() as built:
         model = fsdp1_gpt(ctx, process_group=alone)
     matching = [w for w in built if str(w.message) == text]
@@ -368,7 +343,7 @@ def world_size_1_clamps_to_no_shard(ctx: RankContext, expected: list[str]) -> di
 def hybrid_shard_of_one_never_syncs(ctx: RankContext) -> dict[str, Any]:
     """HYBRID_SHARD with a one-rank shard group and all ranks as replicas: clamped to NO_SHARD, it all-reduces over
     the one-rank group only, so each rank keeps its own local gradient, divided as if the ranks had been summed."""
-    alone = _one_rank_groups(ctx)
+    alone = one_rank_group(ctx)
     with _recorded_warnings():
         model = fsdp1_gpt(ctx, sharding_strategy=ShardingStrategy.HYBRID_SHARD, process_group=(alone, dist.group.WORLD))
     strategies = sorted({u._handle._sharding_strategy.name for u in units(model).values()})

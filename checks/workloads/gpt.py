@@ -79,3 +79,31 @@ def padded_sizes(world_size: int, element_bytes: int, preset_name: str = "tiny")
     from checks.models.flat_param import padded_numel
 
     return {name: padded_numel(numels, element_bytes, world_size) for name, numels in unit_numels(preset_name).items()}
+
+
+# Post-forward order of the tiny wrap: the blocks in forward order, the root (whose forward ends last) last.
+POST_FORWARD = ("blocks.0", "blocks.1", "blocks.2", ROOT)
+
+
+def post_backward_order(post_forward: tuple[str, ...] = POST_FORWARD) -> list[str]:
+    """Units in the order their post-backward hooks run, by the prefetch model's backward sequence."""
+    from checks.models.prefetch import backward_sequence
+
+    return [line.split()[1] for line in backward_sequence(post_forward, None) if line.startswith("post_backward")]
+
+
+def grad_shards(grads: dict[str, torch.Tensor], world_size: int, rank: int) -> dict[str, torch.Tensor]:
+    """Each unit's sharded gradient on ``rank`` as the layout model places the given per-parameter gradients
+    (by the unwrapped model's names): parameters in flattening order, zeros in the alignment and world-size
+    padding, then this rank's equal slice."""
+    from checks.models.flat_param import layout
+
+    shards = {}
+    for unit, params in unit_parameters().items():
+        flat = layout([numel for _, numel in params], element_bytes=4, world_size=world_size)
+        full = torch.zeros(flat.padded_numel, dtype=torch.float32)
+        for (name, numel), start in zip(params, flat.starts, strict=True):
+            full[start : start + numel] = grads[name].detach().flatten().cpu()
+        lo, hi = flat.shard_range(rank)
+        shards[unit] = full[lo:hi]
+    return shards
