@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from checks.breakit.patches import set_to
+from checks.breakit.patches import set_to, wrapping
+from checks.guides.g09_no_shard_is_ddp import reduce_also_over_replicas
 from checks.ranks.manager import PoolManager
 from reader.cli import build_parser, make_console
 from reader.parse import load_guide
@@ -83,6 +84,18 @@ def test_check_runs_claims_and_names_a_failure(pool) -> None:
     assert code == 1 and "0 passed, 1 failed" in out
     flat = " ".join(re.sub(r"[│╭╮╰╯─]", " ", out).split())  # the panel wraps the report
     assert "units with different limit_all_gathers ran their first forward without an error" in flat
+
+
+def test_check_reports_an_expected_failure_and_the_day_it_is_fixed(pool) -> None:
+    # HYBRID_SHARD's default groups on CPU never sync replicas (pytorch#154888): a strict xfail, which holds today.
+    xfail = ["check", "11-final-callback-and-hybrid-shard", "hybrid-default-groups-average"]
+    code, out = run(xfail, pool, width=200)
+    assert code == 0 and "0 passed, 1 xfailed, 0 failed" in out, out
+    # A torch that all-reduces over the replicas too, as a fix would: the check passes and the claim fails.
+    fixed = wrapping("torch.distributed.fsdp._runtime_utils:_reduce_grad_no_shard", reduce_also_over_replicas)
+    code, out = run(xfail, pool, patches=(fixed,), width=200)
+    assert code == 1 and "0 passed, 1 failed" in out, out
+    assert "passed unexpectedly (strict xfail)" in out and "remove the claim's `xfail`" in out
 
 
 @pytest.mark.parametrize(
