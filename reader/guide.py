@@ -49,6 +49,27 @@ class ExpectedFailure:
 
 
 @dataclass(frozen=True)
+class PropertySpec:
+    """A claim checked over drawn examples: hypothesis draws from ``draw()`` in the pytest process and sends each
+    example to the ranks as the check's ``example`` argument, shrinking a failure to a minimal example."""
+
+    draw: str  # "checks.models.flat_param_draws:units", a zero-argument function returning a strategy
+    examples: int
+
+
+def version_admitted(spec: SpecifierSet, torch_version: str | None) -> bool:
+    """Whether ``spec`` admits this torch (pre-releases and nightlies included; an unknown or unparseable version
+    is admitted, so that it never hides drift)."""
+    if torch_version is None:
+        return True
+    try:
+        version = Version(torch_version)
+    except InvalidVersion:
+        return True
+    return spec.contains(version, prereleases=True)
+
+
+@dataclass(frozen=True)
 class ClaimSpec:
     """One sentence about behaviour and the check (run on the rank pool) that proves it."""
 
@@ -62,6 +83,11 @@ class ClaimSpec:
     timeout: float | None
     line: int
     xfail: ExpectedFailure | None = None  # `xfail = { ... }`: the claim is expected to fail, for ``fails_with``
+    property: PropertySpec | None = None  # `property = { draw, examples }`: checked over drawn examples
+    torch: SpecifierSet | None = None  # the torch versions this claim describes, inside the guide's
+
+    def applies_to(self, torch_version: str | None) -> bool:
+        return self.torch is None or version_admitted(self.torch, torch_version)
 
 
 @dataclass(frozen=True)
@@ -192,10 +218,4 @@ class Guide:
     def applies_to(self, torch_version: str | None) -> bool:
         """Whether the guide's ``torch`` specifier admits this version (pre-releases and nightlies
         included)."""
-        if torch_version is None:
-            return True
-        try:
-            version = Version(torch_version)
-        except InvalidVersion:
-            return True  # an unparseable version string must not hide drift
-        return self.torch.contains(version, prereleases=True)
+        return version_admitted(self.torch, torch_version)

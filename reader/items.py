@@ -29,10 +29,11 @@ from reader.guide import AnchorSpec, ClaimSpec, Guide
 from reader.lock import LockError
 from reader.parse import load_guide, looks_like_guide
 from reader.predict import NotObserved, PredictQuestion, agrees, observed
+from reader.properties import run_claim
 from reader.runner import RankPoolUnavailable
 from reader.session import session_of
 from reader.torch_source import SourceError
-from reader.verdict import ClaimVerdict, Status, describe_xfail, judge, observed_run
+from reader.verdict import ClaimVerdict, Status, describe_xfail, judge, observed_run, version_skip, with_example
 from reader.workspace import NotApprovable, Workspace
 
 if TYPE_CHECKING:
@@ -155,6 +156,10 @@ def claim_verdict(item: GuideItem, claim: ClaimSpec | None = None) -> ClaimVerdi
     workspace = item._workspace_or_fail()
     where = f"{reader.display(item.path)}:{claim.line}"
     verdict: ClaimVerdict
+    skip = version_skip(claim, workspace.torch_version)
+    if skip is not None:
+        reader.findings.verdicts[key] = ClaimVerdict(None, skipped=skip)
+        return reader.findings.verdicts[key]
     try:
         request, resolutions = traced_request(workspace, item.guide, claim)
     except UnresolvedAnchors as exc:
@@ -162,11 +167,11 @@ def claim_verdict(item: GuideItem, claim: ClaimSpec | None = None) -> ClaimVerdi
         verdict = ClaimVerdict(None, blocked_claim(where, display, item.guide, claim, exc.failed))
     else:
         try:
-            outcome = reader.resources.runner().run(request)
+            run = run_claim(claim, request, reader.resources.runner().run)
         except RankPoolUnavailable as exc:
             verdict = ClaimVerdict(None, claim_header(where, claim, "cannot run") + f"\n{exc}")
         else:
-            verdict = judge(outcome, where, item.guide, claim, resolutions)
+            verdict = with_example(judge(run.outcome, where, item.guide, claim, resolutions), run)
     reader.findings.verdicts[key] = verdict
     return verdict
 

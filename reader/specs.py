@@ -9,9 +9,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
 from reader.checkref import CHECK_RE, CheckFinder
 from reader.errors import anchor_fix
-from reader.guide import AnchorSpec, ClaimSpec, ExpectedFailure
+from reader.guide import AnchorSpec, ClaimSpec, ExpectedFailure, PropertySpec
 from reader.patterns import PatternError, pattern_tokens
 from reader.toml_fields import Fields, is_table_list
 
@@ -21,7 +23,11 @@ MARKER_RE = re.compile(r"^[A-Za-z_]\w*$")
 SYMBOL_RE = re.compile(r"^torch(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.([A-Za-z_]\w*|<locals>))*$")
 
 ANCHOR_KEYS = ("name", "symbol", "pattern")
-CLAIM_KEYS = ("id", "statement", "check", "kwargs", "world_size", "markers", "evidence", "timeout", "xfail")
+CLAIM_KEYS = (
+    "id", "statement", "check", "kwargs", "world_size", "markers", "evidence", "timeout", "xfail", "property", "torch",
+)  # fmt: skip
+PROPERTY_KEYS = ("draw", "examples")
+MAX_EXAMPLES = 1000
 XFAIL_KEYS = ("strict", "reason", "issue", "fails_with")
 REASON_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")  # a `Violation` reason: kebab-case
 ISSUE_RE = re.compile(r"^https://\S+$")
@@ -153,6 +159,10 @@ def claim_specs(
             )
             timeout = None
         xfail = _xfail(fields, table["xfail"], (*at, "xfail")) if "xfail" in table else None
+        drawn = _property(fields, table["property"], (*at, "property"), checks) if "property" in table else None
+        if drawn is not None and "example" in kwargs:
+            fields.add((*at, "kwargs"), "`example` is the drawn value a property passes", "rename that kwarg")
+        versions = _claim_torch(fields, table["torch"], (*at, "torch")) if "torch" in table else None
         if cid is not None and cid in seen:
             fields.add(
                 (*at, "id"),
@@ -174,6 +184,8 @@ def claim_specs(
                     float(timeout) if timeout is not None else None,
                     fields.line(*at),
                     xfail,
+                    drawn,
+                    versions,
                 )
             )
     return found
@@ -207,6 +219,45 @@ def _xfail(fields: Fields, raw: Any, at: tuple[Any, ...]) -> ExpectedFailure | N
         return None
     assert reason is not None and issue is not None and fails_with is not None
     return ExpectedFailure(reason, issue, fails_with, strict)
+
+
+def _property(fields: Fields, raw: Any, at: tuple[Any, ...], checks: CheckFinder | None) -> PropertySpec | None:
+    """``property = { draw = "module:function", examples = N }``."""
+    example = 'property = { draw = "checks.models.flat_param_draws:units", examples = 12 }'
+    if not isinstance(raw, dict):
+        fields.add(at, "`property` must be a table", f"write `{example}`")
+        return None
+    fields.unknown_keys(raw, PROPERTY_KEYS, at, "property")
+    draw = fields.string(raw, "draw", at, 'draw = "checks.models.flat_param_draws:units"')
+    if draw is not None and not CHECK_RE.match(draw):
+        fields.add((*at, "draw"), f'`draw = "{draw}"` is not `module:function`', f"write `{example}`")
+        draw = None
+    elif draw is not None and checks is not None:
+        missing = checks.problem(draw)
+        if missing:
+            fields.add((*at, "draw"), *missing)
+            draw = None
+    examples = raw.get("examples")
+    if type(examples) is not int or not 1 <= examples <= MAX_EXAMPLES:
+        fields.add(
+            (*at, "examples"),
+            f"`examples` must be an integer from 1 to {MAX_EXAMPLES}, not {examples!r}",
+            "write `examples = 12` (each example is one run on the pool; put larger runs behind `slow`)",
+        )
+        return None
+    return PropertySpec(draw, examples) if draw is not None else None
+
+
+def _claim_torch(fields: Fields, raw: Any, at: tuple[Any, ...]) -> SpecifierSet | None:
+    fix = 'write a specifier such as `torch = "<2.14.1"` or `torch = ">=2.14.1"`'
+    if not isinstance(raw, str) or not raw.strip():
+        fields.add(at, "`torch` must be a PEP 440 version specifier string", fix)
+        return None
+    try:
+        return SpecifierSet(raw)
+    except InvalidSpecifier:
+        fields.add(at, f'`torch = "{raw}"` is not a PEP 440 version specifier', fix)
+        return None
 
 
 def _markers(fields: Fields, raw: Any, at: tuple[Any, ...]) -> tuple[str, ...]:

@@ -34,7 +34,8 @@ from reader.guide import ClaimSpec, Guide
 from reader.predict import NotObserved, PredictQuestion, agrees, observed, parse_answer
 from reader.progress import Progress as Scores
 from reader.progress import ProgressError
-from reader.verdict import ClaimVerdict, judge, observed_run
+from reader.properties import run_claim
+from reader.verdict import ClaimVerdict, judge, observed_run, version_skip, with_example
 
 FAILED = DRIFT  # exit 1: a claim failed (README: 0 clean, 1 failed, 2 broken input)
 
@@ -79,6 +80,9 @@ class ClaimRunner:
 
     def _run(self, guide: Guide, claim: ClaimSpec) -> ClaimVerdict:
         where = f"{display(guide.path)}:{claim.line}"
+        skip = version_skip(claim, self.session.workspace.torch_version)
+        if skip is not None:
+            return ClaimVerdict(None, skipped=skip)
         try:
             request, resolutions = traced_request(self.session.workspace, guide, claim, patches=self.patches)
         except UnresolvedAnchors as exc:
@@ -87,7 +91,8 @@ class ClaimRunner:
             from checks.ranks.manager import PoolManager  # starts no process until a check runs
 
             self._manager = PoolManager(backend=self.backend, timeout=self.timeout)
-        return judge(self._manager.run(request), where, guide, claim, resolutions)
+        run = run_claim(claim, request, self._manager.run)
+        return with_example(judge(run.outcome, where, guide, claim, resolutions), run)
 
     @contextmanager
     def patched(self, patches: tuple[Any, ...]) -> Iterator[ClaimRunner]:

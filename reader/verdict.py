@@ -7,7 +7,7 @@ A claim with ``xfail`` inverts the first half: it holds while its check fails wi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -15,6 +15,7 @@ from checks.ranks.protocol import CheckRun
 from reader.evidence import missing_evidence
 from reader.failures import claim_header
 from reader.guide import ClaimSpec, ExpectedFailure, Guide
+from reader.properties import ClaimRun
 
 
 class Status(Enum):
@@ -44,6 +45,20 @@ class ClaimVerdict:
         if self.expected is None:
             return Status.PASSED
         return Status.XPASSED if self.outcome is not None and self.outcome.ok else Status.XFAILED
+
+
+def version_skip(claim: ClaimSpec, torch_version: str | None) -> str | None:
+    """Why ``claim`` does not run on this torch (its own ``torch`` specifier), or None."""
+    if claim.applies_to(torch_version):
+        return None
+    return f"claim `{claim.id}` describes torch {claim.torch}; this torch is {torch_version}"
+
+
+def with_example(verdict: ClaimVerdict, run: ClaimRun) -> ClaimVerdict:
+    """A falsified property's verdict names the shrunk example it failed on."""
+    if run.example is None or not verdict.failure:
+        return verdict
+    return replace(verdict, failure=f"{verdict.failure}\n{run.falsifying()}")
 
 
 def fails_as_expected(xfail: ExpectedFailure, outcome: CheckRun) -> bool:

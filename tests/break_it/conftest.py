@@ -25,6 +25,7 @@ from checks.ranks.protocol import CheckRun, Patch
 from reader.guide import Guide
 from reader.parse import load_guide, looks_like_guide
 from reader.plugin import claim_request
+from reader.properties import run_claim
 from reader.verdict import fails_as_expected
 
 READINGS = Path(__file__).resolve().parents[2] / "readings"
@@ -55,7 +56,11 @@ def broken(pool: PoolManager, request: pytest.FixtureRequest) -> BreakRunner:
     claim = guide.claim(claim_id)
 
     def run(*patches: Patch, **overrides: Any) -> CheckRun:
-        outcome = pool.run(claim_request(request.config, guide, claim, patches=patches, **overrides))
+        # A property claim runs over its drawn examples; the run returned is the shrunk falsifying example's
+        # (its example in ``run.request.kwargs["example"]``).
+        outcome = run_claim(
+            claim, claim_request(request.config, guide, claim, patches=patches, **overrides), pool.run
+        ).outcome
         assert outcome.skipped is None, outcome.skipped
         if claim.xfail is not None:
             expected = claim.xfail.fails_with

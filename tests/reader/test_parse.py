@@ -292,3 +292,36 @@ def test_bad_xfail_tables(xfail: str, message: str):
     claims = CLAIM.replace("timeout = 90", f"timeout = 90\n{xfail}")
     found = problems(guide(anchors=PREFETCH_ANCHOR, claims=claims))
     assert (20, message) in {(line, m) for line, m, _ in found}
+
+
+def test_property_and_claim_torch_fields(checks: CheckFinder):
+    extra = 'torch = ">=2.14.1"\nproperty = { draw = "fakechecks.prefetch:backward_order", examples = 5 }'
+    (claim,) = parse(
+        guide(anchors=PREFETCH_ANCHOR, claims=CLAIM.replace("timeout = 90", f"timeout = 90\n{extra}")), checks
+    ).claims
+    assert claim.property is not None and (claim.property.draw, claim.property.examples) == (
+        "fakechecks.prefetch:backward_order",
+        5,
+    )
+    assert claim.torch is not None and not claim.applies_to("2.13.0") and claim.applies_to("2.15.0")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ('property = "x"', "`property` must be a table"),
+        ('property = { draw = "fakechecks.prefetch:nope", examples = 5 }',
+         "`nope` is not defined in fakechecks.prefetch"),
+        ('property = { draw = "fakechecks.prefetch:backward_order", examples = 0 }',
+         "`examples` must be an integer from 1 to 1000, not 0"),
+        ('property = { draw = "fakechecks.prefetch:backward_order" }',
+         "`examples` must be an integer from 1 to 1000, not None"),
+        ('torch = "2.14"', '`torch = "2.14"` is not a PEP 440 version specifier'),
+        ("torch = 2", "`torch` must be a PEP 440 version specifier string"),
+    ],
+)  # fmt: skip
+def test_bad_property_and_claim_torch_fields(checks: CheckFinder, extra: str, message: str):
+    found = problems(
+        guide(anchors=PREFETCH_ANCHOR, claims=CLAIM.replace("timeout = 90", f"timeout = 90\n{extra}")), checks
+    )
+    assert any(m.startswith(message) for _, m, _ in found), found

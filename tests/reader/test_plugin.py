@@ -45,6 +45,10 @@ class FakeRunner:
         if mode == "fail":
             return CheckRun(request, [_failed(rank, request) if rank == 1 else _passed(rank) for rank in ranks],
                             failure=FAILURE)
+        if mode == "property":  # fails for every example above 50, so hypothesis shrinks to 51
+            if request.kwargs["example"] > 50:
+                return CheckRun(request, [_failed(rank, request) for rank in ranks], failure=FAILURE)
+            return CheckRun(request, [_passed(rank, request.trace) for rank in ranks])
         if mode == "no-evidence":
             return CheckRun(request, [_passed(rank) for rank in ranks])
         # Only rank 0 runs the last traced symbol: evidence is the union over ranks.
@@ -103,6 +107,9 @@ def project(pytester: pytest.Pytester, installed_tree: TorchTree) -> pytest.Pyte
     pytester.makeconftest(FAKE_RUNNER)
     pytester.mkpydir("fakechecks")
     (pytester.path / "fakechecks" / "prefetch.py").write_text("def forward_order(**kwargs):\n    pass\n")
+    (pytester.path / "fakechecks" / "draws.py").write_text(
+        "def numbers():\n    from hypothesis import strategies as st\n\n    return st.integers(0, 100)\n"
+    )
     pytester.syspathinsert()
     return pytester
 
@@ -577,3 +584,49 @@ def test_predict_questions_read_an_expected_failure_from_its_violation(project: 
     write_guide(project, _xfail_guide("fail", body=XFAIL_PREDICT))
     result = project.runpytest("readings", "-k", "predict")
     result.assert_outcomes(passed=2, deselected=2)
+
+
+PROPERTY_CLAIM = """
+[[claims]]
+id = "holds-for-all"
+statement = "Forward prefetch follows the order recorded in iteration 1."
+check = "fakechecks.prefetch:forward_order"
+world_size = 2
+kwargs = {{ fake = "property" }}
+property = {{ draw = "fakechecks.draws:numbers", examples = {examples} }}
+"""
+
+
+def test_a_property_claim_shrinks_a_failure_and_shows_the_example(project: pytest.Pytester):
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR, claims=PROPERTY_CLAIM.format(examples=50)))
+    result = project.runpytest("readings", "-k", "claim")
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(
+        [
+            f"{GUIDE}:12: claim `holds-for-all` failed",
+            "*falsifying example (shrunk; * runs in all): example =",
+            "    51",
+        ]
+    )
+    sent = [r["kwargs"] for r in requests(project)]
+    assert all("example" in kwargs for kwargs in sent) and len(sent) > 2  # one request per drawn example
+
+
+def test_a_property_claim_that_holds_runs_each_example_once(project: pytest.Pytester):
+    # Only 0..50 can be drawn: the property holds; each example is one request, at most `examples` of them.
+    (project.path / "fakechecks" / "draws.py").write_text(
+        "def numbers():\n    from hypothesis import strategies as st\n\n    return st.integers(0, 50)\n"
+    )
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR, claims=PROPERTY_CLAIM.format(examples=7)))
+    result = project.runpytest("readings", "-k", "claim")
+    result.assert_outcomes(passed=1, deselected=1)
+    assert 1 <= len(requests(project)) <= 7
+
+
+def test_a_claim_for_other_torch_versions_is_skipped(project: pytest.Pytester):
+    claims = CLAIMS.replace('kwargs = { fake = "ok" }', 'kwargs = { fake = "ok" }\ntorch = "<2.0"', 1)
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR, claims=claims))
+    result = project.runpytest("readings", "-k", "claim", "-rs")
+    result.assert_outcomes(passed=1, skipped=1, deselected=1)
+    result.stdout.fnmatch_lines(["*claim `forward-order` describes torch <2.0; this torch is 2.13.0*"])
+    assert [r["world_size"] for r in requests(project)] == [4]  # the skipped claim sent nothing
