@@ -19,6 +19,7 @@ the session's state in ``reader.session``.
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,9 @@ BROKEN_INPUT = 2
 MARKERS = (
     "gpu: needs CUDA devices and the nccl backend",
     "world_size(n): the number of ranks a check runs on",
-    "slow: takes more than a few seconds",
+    "slow: takes more than a few seconds; skipped unless --slow (or FSDP_READINGS_SLOW=1, or -m naming slow)",
 )
+SLOW_ENV = "FSDP_READINGS_SLOW"
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -72,7 +74,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="write the session's drift report as JSON to FILE and as Markdown next to it (FILE.md)",
     )
+    group.addoption(
+        "--slow",
+        action="store_true",
+        default=os.environ.get(SLOW_ENV, "") not in ("", "0"),
+        help=f"also run items marked slow (long property runs); env {SLOW_ENV}=1",
+    )
     parser.addini("readings_dir", "directory holding the reading guides and anchors.lock", default="readings")
+
+
+def runs_slow(config: pytest.Config) -> bool:
+    """Slow items run with --slow, or when a -m expression names the marker (the user asked for them)."""
+    return bool(config.getoption("--slow")) or "slow" in (config.getoption("markexpr", "") or "")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if runs_slow(config):
+        return
+    skip = pytest.mark.skip(reason=f"slow: run with --slow (or {SLOW_ENV}=1)")
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(skip)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -103,7 +103,7 @@ note "handle._prefetched = True": marks the handle.
 @pytest.fixture
 def project(pytester: pytest.Pytester, installed_tree: TorchTree) -> pytest.Pytester:
     # hypothesis's pytest plugin slows every in-process run and is not needed inside these sessions.
-    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider -p no:hypothesispytest -p reader.plugin\n")
+    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider -p no:hypothesispytest -p reader.plugin --slow\n")
     pytester.makeconftest(FAKE_RUNNER)
     pytester.mkpydir("fakechecks")
     (pytester.path / "fakechecks" / "prefetch.py").write_text("def forward_order(**kwargs):\n    pass\n")
@@ -630,3 +630,16 @@ def test_a_claim_for_other_torch_versions_is_skipped(project: pytest.Pytester):
     result.assert_outcomes(passed=1, skipped=1, deselected=1)
     result.stdout.fnmatch_lines(["*claim `forward-order` describes torch <2.0; this torch is 2.13.0*"])
     assert [r["world_size"] for r in requests(project)] == [4]  # the skipped claim sent nothing
+
+
+def test_slow_claims_are_skipped_unless_asked_for(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("FSDP_READINGS_SLOW", raising=False)
+    project.makeini("[pytest]\naddopts = -p no:cacheprovider -p no:hypothesispytest -p reader.plugin\n")
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR, claims=CLAIMS))
+    result = project.runpytest("readings", "-k", "claim", "-rs")
+    result.assert_outcomes(passed=1, skipped=1, deselected=1)
+    result.stdout.fnmatch_lines(["*slow: run with --slow (or FSDP_READINGS_SLOW=1)*"])
+    assert project.runpytest("readings", "-k", "claim", "--slow").parseoutcomes()["passed"] == 2
+    assert project.runpytest("readings", "-k", "claim", "-m", "slow").parseoutcomes()["passed"] == 1
+    monkeypatch.setenv("FSDP_READINGS_SLOW", "1")
+    assert project.runpytest("readings", "-k", "claim").parseoutcomes()["passed"] == 2
