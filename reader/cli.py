@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from reader import memory_view
+from reader import layout_view, memory_view
 from reader.cli_session import BROKEN, CLEAN, DRIFT, add_common, display, open_session
 from reader.drift import DriftKind
 from reader.guide import Guide
@@ -248,6 +248,9 @@ COMMANDS: list[Command] = [
         "exercise", "name the claim a break-it patch makes fail, then watch it fail", configure_exercise, run_exercise
     ),
     Command("memory", "bytes held per category over a step, from a real run", memory_view.configure, memory_view.run),
+    Command(
+        "layout", "a real flat parameter across ranks, as a claim's run read it", layout_view.configure, layout_view.run
+    ),
     Command(
         "timeline",
         "a claim's FSDP events and collectives in issue order, each with the torch line that issued it",

@@ -17,8 +17,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from reader.cli_session import BROKEN, CLEAN, DRIFT
-from reader.study import claim_runner, one_guide, pick_claims, pool_options
+from reader.cli_session import CLEAN, DRIFT
+from reader.study import pool_options, run_for_rank
 
 CATEGORIES = ("params", "unsharded", "grads", "optim")  # drawn left to right; buffers are 0 in these models
 STYLES = {"params": "blue", "unsharded": "magenta", "grads": "yellow", "optim": "green"}
@@ -45,23 +45,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    opened = one_guide(args, console)
-    if isinstance(opened, int):
-        return opened
-    session, guide = opened
-    if pick_claims(guide, [args.claim], console) is None:
-        return BROKEN
-    with claim_runner(session, args) as runner, console.status(f"running claim {args.claim}…", spinner="dots"):
-        verdict = runner.verdict(guide, guide.claim(args.claim))
-    outcome = verdict.outcome
-    if outcome is None or not outcome.results:
-        console.print(f"[red]{args.claim} did not run[/]\n{verdict.failure or verdict.skipped or ''}")
-        return DRIFT
-    by_rank = {r.rank: r.value for r in outcome.results}
-    if args.rank not in by_rank:
-        console.print(f"[red]no rank {args.rank}[/] (ranks: {', '.join(map(str, sorted(by_rank)))})")
-        return BROKEN
-    value = by_rank[args.rank]
+    reading = run_for_rank(args, console)
+    if isinstance(reading, int):
+        return reading
+    guide, verdict, value = reading.guide, reading.verdict, reading.value
     series: Series | None = value.get("series") if isinstance(value, dict) else None
     if not series:
         console.print(f"[red]{args.claim} records no memory series[/] (its check returns no `series`)")

@@ -149,7 +149,8 @@ def configure_check(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = CHECK_EXAMPLES
     parser.add_argument("guide", metavar="GUIDE", help="a guide id, e.g. 04-forward-prefetch")
-    parser.add_argument("claims", nargs="*", metavar="CLAIM", help="claim ids (default: every claim)")
+    parser.add_argument("claims", nargs="*", metavar="CLAIM", help="claim ids (default: every claim but slow ones)")
+    parser.add_argument("--slow", action="store_true", help="with no CLAIM, also run claims marked slow")
     pool_options(parser)
 
 
@@ -161,6 +162,11 @@ def run_check(args: argparse.Namespace, console: Console) -> int:
     claims = pick_claims(guide, args.claims, console)
     if claims is None:
         return BROKEN
+    if not args.claims and not args.slow:  # a claim named on the command line runs, slow or not
+        slow = [c.id for c in claims if "slow" in c.markers]
+        claims = [c for c in claims if "slow" not in c.markers]
+        if slow:
+            console.print(f"[dim]not running {len(slow)} slow claim(s) ({', '.join(slow)}): --slow runs them[/]")
     rows: list[tuple[ClaimSpec, ClaimVerdict, float]] = []
     with claim_runner(session, args) as runner, _progress(console) as progress:
         task = progress.add_task(guide.id, total=len(claims))
@@ -194,6 +200,39 @@ def _remember_claims(guide: Guide, rows: list[tuple[ClaimSpec, ClaimVerdict, flo
 
 def _result(verdict: ClaimVerdict) -> str:
     return verdict.status.value
+
+
+@dataclass(frozen=True)
+class RankReading:
+    """What one rank's check returned in a run of one claim: for views that draw it (``memory``, ``layout``)."""
+
+    guide: Guide
+    verdict: ClaimVerdict
+    value: Any
+
+
+def run_for_rank(args: argparse.Namespace, console: Console) -> RankReading | int:
+    """Run ``args.claim`` of ``args.guide`` on the pool and take ``args.rank``'s return value (or, if it failed,
+    its `Violation`'s details); an exit code (with the reason printed) when the guide or claim is unknown, the claim
+    did not run, or there is no such rank."""
+    opened = one_guide(args, console)
+    if isinstance(opened, int):
+        return opened
+    session, guide = opened
+    if pick_claims(guide, [args.claim], console) is None:
+        return BROKEN
+    with claim_runner(session, args) as runner, console.status(f"running claim {args.claim}…", spinner="dots"):
+        verdict = runner.verdict(guide, guide.claim(args.claim))
+    outcome = verdict.outcome
+    if outcome is None or not outcome.results:
+        console.print(f"[red]{args.claim} did not run[/]\n{verdict.failure or verdict.skipped or ''}")
+        return FAILED
+    # A rank whose check found its claim false returns nothing; what it found is in its `Violation`'s details.
+    by_rank = {r.rank: r.value if r.ok else (r.details or {}) for r in outcome.results}
+    if args.rank not in by_rank:
+        console.print(f"[red]no rank {args.rank}[/] (ranks: {', '.join(map(str, sorted(by_rank)))})")
+        return BROKEN
+    return RankReading(guide, verdict, by_rank[args.rank])
 
 
 def pick_claims(guide: Guide, wanted: Sequence[str], console: Console) -> list[ClaimSpec] | None:
@@ -416,7 +455,8 @@ def run_exercise(args: argparse.Namespace, console: Console) -> int:
             guessed = _claim_named(given, claims)
             status = console.status("running the guide's claims with the patch…", spinner="dots")
             with runner.patched(exercise.patches), status:
-                verdicts = {claim.id: runner.verdict(guide, claim) for claim in guide.claims}
+                quick = [claim for claim in guide.claims if "slow" not in claim.markers]
+                verdicts = {claim.id: runner.verdict(guide, claim) for claim in quick}
             failing = [cid for cid, v in verdicts.items() if v.failure]
             main = verdicts[exercise.claim]
             reason = main.outcome.reason if main.outcome is not None else None

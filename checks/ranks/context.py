@@ -48,3 +48,17 @@ class RankContext:
                 what=what,
                 differing=differing,
             )
+
+    def agreed(self, fn: Any, *args: Any) -> Any:
+        """Run the rank-local ``fn``, then let every rank know whether any rank found a `Violation`: if one did,
+        every rank raises the first failing rank's, so no rank walks on alone into a collective (an all-gather in
+        ``summon_full_params``) that the failed ranks never reach, and hangs there until the pool's timeout."""
+        try:
+            value, found = fn(*args), None
+        except Violation as violation:
+            value, found = None, (violation.reason, str(violation), violation.details)
+        failed = [(rank, v) for rank, v in enumerate(self.gather(found)) if v is not None]
+        if failed:
+            rank, (reason, message, details) = failed[0]
+            raise Violation(reason, f"rank {rank}: {message}", failed_rank=rank, **details)
+        return value
