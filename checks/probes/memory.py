@@ -140,7 +140,9 @@ def _optimizers(optim: torch.optim.Optimizer | None) -> list[torch.optim.Optimiz
     return out
 
 
-def _candidates(model: nn.Module, optim: torch.optim.Optimizer | None) -> Iterator[tuple[str, str, Any]]:
+def held_tensors(model: nn.Module, optim: torch.optim.Optimizer | None) -> Iterator[tuple[str, str, Any]]:
+    """(category, label, value) of every tensor the model and optimizer hold, as the account counts them; a check
+    whose implementation holds more (a reference ZeRO's shards and masters) adds its own to these."""
     names = {id(p): clean(n) for n, p in model.named_parameters()}
     yield from _fsdp1_tensors(model, names)
     yield from _fsdp2_tensors(model)
@@ -159,16 +161,16 @@ def _candidates(model: nn.Module, optim: torch.optim.Optimizer | None) -> Iterat
         yield "buffers", fqn, buffer
 
 
-def _leaves(value: Any) -> Iterator[torch.Tensor]:
+def plain_tensors(value: Any) -> Iterator[torch.Tensor]:
     """Plain tensors behind a value: a DTensor's local tensor, a wrapper subclass's inner tensors."""
     if isinstance(value, list | tuple):
         for item in value:
-            yield from _leaves(item)
+            yield from plain_tensors(item)
     elif isinstance(value, torch.Tensor):
         if is_traceable_wrapper_subclass(value):
             attrs, _ = value.__tensor_flatten__()
             for attr in attrs:
-                yield from _leaves(getattr(value, attr))
+                yield from plain_tensors(getattr(value, attr))
         else:
             yield value
 
@@ -177,8 +179,8 @@ def snapshot(model: nn.Module, optim: torch.optim.Optimizer | None = None) -> Me
     """Bytes per category on this rank now (see the module docstring for the rules)."""
     seen: set[int] = set()
     entries: list[StorageEntry] = []
-    for category, label, value in _candidates(model, optim):
-        for tensor in _leaves(value):
+    for category, label, value in held_tensors(model, optim):
+        for tensor in plain_tensors(value):
             if tensor.device.type == "meta":
                 continue
             storage = tensor.untyped_storage()
@@ -251,6 +253,6 @@ def _unsharded_buffers(model: nn.Module) -> Callable[[], list[torch.Tensor]]:
 
 
 def _device_of(model: nn.Module) -> torch.device:
-    for leaf in _leaves(list(model.parameters())):
+    for leaf in plain_tensors(list(model.parameters())):
         return leaf.device
     return torch.device("cpu")

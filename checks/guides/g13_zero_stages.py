@@ -1,0 +1,417 @@
+"""Checks for guide 13, ZeRO-1/2/3 side by side: the reference ZeRO (`checks.zero`), torch's
+ZeroRedundancyOptimizer, FSDP1's three strategies, FSDP2 and DDP, by memory and by numbers.
+
+Expected values come from outside the implementations: bytes per category from the torch-free model
+`checks.models.zero_memory` over the model's parameter shapes; peak differences from the flat-parameter layout
+model; numerics from DDP, each reduced gradient from the ranks' local gradients (an unwrapped replica's, gathered),
+and the tolerances from the guide's own prose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from checks.models.flat_param import layout
+from checks.models.zero_memory import IMPLEMENTATIONS, REFERENCE, Memory, Param, owned_elements, per_rank
+from checks.naming import ROOT, clean
+from checks.numerics import pairwise_sums
+from checks.probes.memory import account_memory, held_tensors, plain_tensors
+from checks.ranks.context import RankContext
+from checks.violation import require, require_equal
+from checks.workloads.gpt import batch, fsdp1_gpt, unit_of_parameter
+from checks.workloads.toy import wrap_ddp
+from checks.zero import STAGES, adamw
+from mini_gpt import GPT, preset
+from mini_gpt.train import make_optimizer
+
+LR = 1e-3
+BLOCKS = ("blocks.0", "blocks.1", "blocks.2")  # the tiny preset's units besides the root
+BF16 = torch.bfloat16
+FSDP1_STRATEGIES = {"no-shard": "NO_SHARD", "shard-grad-op": "SHARD_GRAD_OP", "full-shard": "FULL_SHARD"}
+CATEGORIES = ("params", "grads", "optim", "master")
+
+
+# -- the implementations, behind one small interface ------------------------------------------------------------
+@dataclass
+class Trained:
+    """One implementation of data-parallel training, ready to step: a model to call, and how to step it, read its
+    whole parameters and gradients (collectives where they are sharded), and list what it holds."""
+
+    name: str
+    model: nn.Module
+    optim: Any
+    step_fn: Callable[[], None]
+    zero_grad_fn: Callable[[], None]
+    params_fn: Callable[[], dict[str, torch.Tensor]]
+    grads_fn: Callable[[], dict[str, torch.Tensor]]
+    extra: Callable[[], Iterator[tuple[str, str, Any]]] = field(default=lambda: iter(()))
+    autocast: bool = False
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.autocast("cpu", dtype=BF16) if self.autocast else contextlib.nullcontext():
+            return self.model(x, y)
+
+
+def _gpt(ctx: RankContext, seed: int = 0) -> GPT:
+    return GPT(preset("tiny"), seed=seed).to(ctx.device)
+
+
+def _named(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {clean(n): p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _named_grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {clean(n): p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def build(impl: str, ctx: RankContext, precision: str = "fp32", lr: float = LR) -> Trained:
+    """``impl`` from `checks.models.zero_memory.IMPLEMENTATIONS`, on mini_gpt tiny from seed 0."""
+    mixed = precision == "bf16"
+    if impl in ("ddp", "torch-zero"):
+        ddp = wrap_ddp(_gpt(ctx), ctx)
+        if impl == "ddp":
+            optim = make_optimizer(ddp, lr)
+        else:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            optim = ZeroRedundancyOptimizer(
+                ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=lr, betas=(0.9, 0.95), weight_decay=0.0
+            )
+        return Trained(impl, ddp, optim, optim.step, partial(optim.zero_grad, set_to_none=True),
+                       partial(_named, ddp.module), partial(_named_grads, ddp.module), autocast=mixed)  # fmt: skip
+    if impl in REFERENCE:
+        options = {"prefetch": True} if impl == "zero3-prefetch" else {}
+        engine = STAGES[REFERENCE[impl]](_gpt(ctx), BLOCKS, make_optimizer=partial(adamw, lr=lr),
+                                         param_dtype=BF16 if mixed else None, **options)  # fmt: skip
+        return Trained(impl, engine.model, engine.optim, engine.step, engine.zero_grad, engine.full_params,
+                       engine.full_grads, engine.held)  # fmt: skip
+    if impl in FSDP1_STRATEGIES:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # NO_SHARD's deprecation (guide 09)
+            model = fsdp1_gpt(ctx, sharding_strategy=ShardingStrategy[FSDP1_STRATEGIES[impl]],
+                              mixed_precision=MixedPrecision(param_dtype=BF16) if mixed else None)  # fmt: skip
+        optim = make_optimizer(model, lr)
+
+        def full(grads: bool) -> dict[str, torch.Tensor]:
+            with FSDP.summon_full_params(model, writeback=False, with_grads=grads):
+                return (_named_grads if grads else _named)(model)
+
+        return Trained(impl, model, optim, optim.step, partial(optim.zero_grad, set_to_none=True),
+                       partial(full, False), partial(full, True))  # fmt: skip
+    if impl == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        model = _gpt(ctx)
+        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+        policy = MixedPrecisionPolicy(param_dtype=BF16) if mixed else MixedPrecisionPolicy()
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        optim = make_optimizer(model, lr)
+
+        def gathered(grads: bool) -> dict[str, torch.Tensor]:
+            out = {}
+            for name, p in model.named_parameters():
+                t = p.grad if grads else p
+                out[clean(name)] = t.detach().full_tensor().clone()
+            return out
+
+        return Trained(impl, model, optim, optim.step, partial(optim.zero_grad, set_to_none=True),
+                       partial(gathered, False), partial(gathered, True))  # fmt: skip
+    raise ValueError(f"unknown implementation {impl!r}")
+
+
+def parameters_of_tiny() -> list[Param]:
+    """mini_gpt tiny's parameters in registration order (a tied weight once), with their unit and shape: the input
+    of the memory model. Built on the meta device."""
+    with torch.device("meta"):
+        model = GPT(preset("tiny"))
+    return [Param(unit_of_parameter(n, BLOCKS), n, tuple(p.shape)) for n, p in model.named_parameters()]
+
+
+# -- memory: distinct live storages by category -----------------------------------------------------------------
+def held_bytes(trained: Trained) -> dict[str, int]:
+    """Bytes per category on this rank, counting each storage once, in the first category that reaches it: the
+    implementation's own tensors first (the reference's shards and masters, which `checks.probes.memory` cannot
+    see), then what the probe walks (FSDP's flat parameters, the model's parameters and gradients, optimizer
+    state). A freed storage counts 0 bytes."""
+    seen: set[int] = set()
+    out = dict.fromkeys((*CATEGORIES, "unsharded", "buffers"), 0)
+    for category, _label, value in (*trained.extra(), *held_tensors(trained.model, trained.optim)):
+        for tensor in plain_tensors(value):
+            storage = tensor.untyped_storage()
+            if storage._cdata in seen:
+                continue
+            seen.add(storage._cdata)
+            out[category] += storage.nbytes()
+    return out
+
+
+def _one_step(trained: Trained, ctx: RankContext, step: int = 0) -> torch.Tensor:
+    _, loss = trained.forward(*batch(ctx, step=step))
+    loss.backward()
+    trained.step_fn()
+    return loss.detach()
+
+
+def memory_per_rank(ctx: RankContext, precision: str = "fp32", impls: list[str] | None = None) -> dict[str, Any]:
+    """After one step (gradients kept), every implementation holds on every rank exactly the bytes per category
+    of `checks.models.zero_memory`, padding included, and no unsharded parameters."""
+    params = parameters_of_tiny()
+    measured: dict[str, dict[str, int]] = {}
+    padding: dict[str, dict[str, int]] = {}
+    for impl in impls or IMPLEMENTATIONS:
+        trained = build(impl, ctx, precision)
+        _one_step(trained, ctx)
+        held = held_bytes(trained)
+        want: Memory = per_rank(impl, params, ctx.world_size, ctx.rank, precision)
+        got = {c: held[c] for c in CATEGORIES}
+        require_equal(got, want.by_category(), reason="memory-mismatch",
+                      what=f"{impl} ({precision}) rank {ctx.rank} of {ctx.world_size}: bytes by category",
+                      impl=impl, precision=precision)  # fmt: skip
+        require(held["unsharded"] == 0, "unsharded-after-step", f"{impl}: {held['unsharded']} unsharded bytes after "
+                "the step", impl=impl, observed=held["unsharded"])  # fmt: skip
+        measured[impl] = got
+        padding[impl] = want.padding_bytes()
+        del trained
+    totals = {impl: sum(m.values()) for impl, m in measured.items()}
+    return {
+        "bytes": measured,
+        "totals": totals,
+        "padding": padding,
+        "of_ddp": {impl: round(t / totals["ddp"], 4) for impl, t in totals.items()} if "ddp" in totals else {},
+        "owned": owned_elements(params, ctx.world_size),
+        "psi": sum(p.numel for p in params),
+    }
+
+
+# -- numerics: every implementation against DDP ---------------------------------------------------------------------
+def _trajectory(trained: Trained, ctx: RankContext, steps: int) -> dict[str, Any]:
+    """Train ``steps`` steps; the losses, the whole parameters after each step, and the reduced gradients of the
+    first backward."""
+    losses, params, first = [], [], {}
+    for step in range(steps):
+        _, loss = trained.forward(*batch(ctx, step=step))
+        loss.backward()
+        if step == 0:
+            first = {n: g.flatten().cpu() for n, g in trained.grads_fn().items()}
+        trained.step_fn()
+        trained.zero_grad_fn()
+        losses.append(loss.detach().clone())
+        params.append(trained.params_fn())
+    return {"losses": losses, "params": params, "grads": first}
+
+
+def _local_grads(ctx: RankContext, names: list[str]) -> list[torch.Tensor]:
+    """Every rank's local gradient of step 1 (an unwrapped replica on the rank's own batch), flattened in
+    ``names`` order, gathered."""
+    replica = _gpt(ctx)
+    _, loss = replica(*batch(ctx, step=0))
+    loss.backward()
+    grads = dict(replica.named_parameters())
+    local = torch.cat([grads[n].grad.detach().flatten().cpu() for n in names])
+    everyone = [torch.empty_like(local) for _ in range(ctx.world_size)]
+    dist.all_gather(everyone, local)
+    return everyone
+
+
+def against_ddp(ctx: RankContext, impls: list[str] | None = None, steps: int = 5,
+                bound: float | None = None) -> dict[str, Any]:  # fmt: skip
+    """Each implementation and DDP train from the same weights on the same batches. ``bound=None``: the losses
+    and every parameter after every step equal DDP's, bit for bit. Otherwise every step-1 reduced gradient times
+    N is one of the fp32 pairwise sums of the N local gradients (a summation order, nothing else), and losses and
+    parameters stay within ``bound`` of DDP's."""
+    impls = [i for i in impls or IMPLEMENTATIONS if i != "ddp"]
+    reference = _trajectory(build("ddp", ctx), ctx, steps)
+    names = list(reference["params"][0])
+    sums = None
+    if bound is not None:
+        n = ctx.world_size
+        if n & (n - 1):
+            raise ValueError(f"{n} ranks: multiplying the mean back by N is exact only for a power of two")
+        sums = torch.stack(pairwise_sums(_local_grads(ctx, names)))
+    report: dict[str, Any] = {}
+    for impl in ["ddp", *impls]:
+        run = reference if impl == "ddp" else _trajectory(build(impl, ctx), ctx, steps)
+        require_equal(sorted(run["params"][0]), sorted(names), reason="parameter-names", what=f"{impl}: names")
+        param_diff = [max(float((p[k] - q[k]).abs().max()) for k in names)
+                      for p, q in zip(run["params"], reference["params"], strict=True)]  # fmt: skip
+        loss_diff = [abs(float(a) - float(b)) for a, b in zip(run["losses"], reference["losses"], strict=True)]
+        grads = torch.cat([run["grads"][k] for k in names])
+        entry = {"param_diff": param_diff, "loss_diff": max(loss_diff)}
+        if sums is not None:
+            unexplained = int((~(sums == grads * ctx.world_size).any(dim=0)).sum())
+            require(unexplained == 0, "not-a-summation-order", f"{impl}: {unexplained} step-1 gradient elements "
+                    f"× {ctx.world_size} are no fp32 sum of the local gradients", impl=impl,
+                    observed=unexplained)  # fmt: skip
+            ddp_grads = torch.cat([reference["grads"][k] for k in names])
+            entry["grads_differing"] = int((grads != ddp_grads).sum())
+        if bound is None:
+            for step, (a, b) in enumerate(zip(run["losses"], reference["losses"], strict=True), start=1):
+                require(torch.equal(a, b), "loss-differs", f"{impl}, step {step}: loss {float(a)} vs DDP's "
+                        f"{float(b)}", impl=impl, step=step)  # fmt: skip
+                differing = [k for k in names if not torch.equal(run["params"][step - 1][k],
+                                                                 reference["params"][step - 1][k])]  # fmt: skip
+                require(not differing, "differs-from-ddp", f"{impl}, after step {step}: {len(differing)} parameters "
+                        f"differ from DDP's, by up to {param_diff[step - 1]}", impl=impl, step=step,
+                        differing=differing, max_abs_diff=param_diff[step - 1])  # fmt: skip
+        else:
+            for step, diff in enumerate(param_diff, start=1):
+                require(diff <= bound, "beyond-bound", f"{impl}, after step {step}: max |param - DDP's| = {diff} > "
+                        f"{bound}", impl=impl, step=step, observed=diff, bound=bound)  # fmt: skip
+            require(max(loss_diff) <= bound, "loss-beyond-bound", f"{impl}: max |loss - DDP's| = {max(loss_diff)}",
+                    impl=impl, observed=max(loss_diff), bound=bound)  # fmt: skip
+        report[impl] = entry
+    worst = max(max(e["param_diff"]) for e in report.values())
+    return {
+        "verdict": "bitwise equal"
+        if worst == 0 and all(e["loss_diff"] == 0 for e in report.values())
+        else "not bitwise equal",
+        "worst_param_diff": worst,
+        "by_impl": report,
+        "losses": [float(v) for v in reference["losses"]],
+    }
+
+
+# -- peaks: SHARD_GRAD_OP against FULL_SHARD ------------------------------------------------------------------------
+def _unsharded_unit_bytes(world_size: int) -> dict[str, int]:
+    """Each unit's padded unsharded flat parameter in bytes (fp32, use_orig_params=True), by the layout model."""
+    from checks.workloads.gpt import unit_numels
+
+    return {unit: 4 * layout(numels, 4, world_size).padded_numel for unit, numels in unit_numels().items()}
+
+
+def _peak_of(ctx: RankContext, strategy: str, backward_prefetch: str | None) -> dict[str, Any]:
+    from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
+
+    model = fsdp1_gpt(ctx, sharding_strategy=ShardingStrategy[strategy],
+                      backward_prefetch=BackwardPrefetch[backward_prefetch] if backward_prefetch not in (None, "None")
+                      else None)  # fmt: skip
+    optim = make_optimizer(model, LR)
+    for step in range(2):  # step 1 outside: lazy initialisation and the optimizer's state are one-time
+        with account_memory(model, optim, peaks=step == 1) as mem:
+            _, loss = model(*batch(ctx, step=step))
+            loss.backward()
+            optim.step()
+            optim.zero_grad(set_to_none=True)
+    require(mem.peak is not None, "no-peaks", f"no peak report: {mem.peak_unavailable}", observed=mem.peak_unavailable)
+    return {"before": mem.before.by_category, "after": mem.after.by_category, "peak": dict(mem.peak.peak)}
+
+
+def shard_grad_op_peak(ctx: RankContext, backward_prefetch: str | None, held_blocks: int,
+                       other_bound: int) -> dict[str, Any]:  # fmt: skip
+    """SHARD_GRAD_OP and FULL_SHARD hold the same bytes between steps; SHARD_GRAD_OP's unsharded peak is larger by
+    exactly the blocks it keeps unsharded beyond the ``held_blocks`` FULL_SHARD holds at its peak (the root is
+    unsharded at both peaks); every other category's peak differs by at most ``other_bound`` bytes."""
+    units = _unsharded_unit_bytes(ctx.world_size)
+    blocks = [units[b] for b in BLOCKS]
+    expected = {
+        "FULL_SHARD": units[ROOT] + sum(sorted(blocks, reverse=True)[:held_blocks]),
+        "SHARD_GRAD_OP": units[ROOT] + sum(blocks),
+    }
+    runs = {s: _peak_of(ctx, s, backward_prefetch) for s in expected}
+    fs, sgo = runs["FULL_SHARD"], runs["SHARD_GRAD_OP"]
+    for moment in ("before", "after"):
+        require_equal(sgo[moment], fs[moment], reason="persistent-state-differs",
+                      what=f"bytes by category {moment} the step, SHARD_GRAD_OP vs FULL_SHARD",
+                      moment=moment)  # fmt: skip
+    observed = {s: r["peak"].get("unsharded", 0) for s, r in runs.items()}
+    require_equal(observed, expected, reason="unsharded-peak", what="peak unsharded bytes")
+    difference = observed["SHARD_GRAD_OP"] - observed["FULL_SHARD"]
+    others = {k: sgo["peak"].get(k, 0) - fs["peak"].get(k, 0) for k in sorted(set(sgo["peak"]) | set(fs["peak"]))
+              if k not in ("unsharded", "total")}  # fmt: skip
+    worst = max((abs(v) for v in others.values()), default=0)
+    require(worst <= other_bound, "other-peaks-differ", f"peaks other than unsharded differ by up to {worst} bytes "
+            f"> {other_bound}: {others}", observed=others, bound=other_bound)  # fmt: skip
+    total = sgo["peak"]["total"] - fs["peak"]["total"]
+    require(total > 0, "peak-not-higher", f"SHARD_GRAD_OP's total peak is not higher: {total}", observed=total)
+    require(abs(total - difference) <= other_bound, "total-peak-difference", f"total peaks differ by {total}, the "
+            f"unsharded peaks by {difference}: more than {other_bound} apart", observed=total, expected=difference,
+            bound=other_bound)  # fmt: skip
+    return {
+        "unsharded_peak": observed,
+        "difference": difference,
+        "difference_in_blocks": difference / units["blocks.0"],
+        "total_peak": {s: r["peak"]["total"] for s, r in runs.items()},
+        "total_difference": total,
+        "other_differences": others,
+        "peaks": {s: r["peak"] for s, r in runs.items()},
+        "persistent": fs["after"],
+    }
+
+
+# -- DDP against one process: the seeds' 1e-5 on logits, and the logit scale ------------------------------------------
+def _scaled_gpt(ctx: RankContext, scale: float) -> GPT:
+    """mini_gpt tiny with its tied embedding / head matrix multiplied by ``scale``: the logits scale with it."""
+    model = _gpt(ctx)
+    with torch.no_grad():
+        model.tok_emb.weight.mul_(scale)
+    return model
+
+
+def ddp_vs_single_logits(ctx: RankContext, *, scales: list[float], tolerance: float, holds_up_to: float,
+                         relative_bound: float, steps: int = 5) -> dict[str, Any]:  # fmt: skip
+    """For each logit scale: one process trains on the global batch, DDP on each rank's share of it, from the same
+    weights, ``steps`` AdamW steps; then both compute logits on an unseen batch. The largest difference stays
+    within ``tolerance`` for every scale up to ``holds_up_to`` and exceeds it above; relative to the largest logit
+    it stays within ``relative_bound`` at every scale."""
+    from mini_gpt import BatchSampler, corpus_tokens
+
+    sampler = BatchSampler(corpus_tokens(), preset("tiny").block_size, 8)
+    probe = sampler.global_batch(steps)[0].to(ctx.device)
+    rows: list[dict[str, float]] = []
+    for scale in scales:
+        single, ddp = _scaled_gpt(ctx, scale), wrap_ddp(_scaled_gpt(ctx, scale), ctx)
+        optims = make_optimizer(single, LR), make_optimizer(ddp, LR)
+        with torch.no_grad():
+            start = single(probe)[0].abs().max().item()
+        for step in range(steps):
+            for model, optim, (x, y) in zip((single, ddp), optims, (sampler.global_batch(step), batch(ctx, step)),
+                                            strict=True):  # fmt: skip
+                _, loss = model(x.to(ctx.device), y.to(ctx.device))
+                loss.backward()
+                optim.step()
+                optim.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            a, b = single(probe)[0], ddp.module(probe)[0]
+        drift = (a - b).abs().max().item()
+        rows.append({"scale": scale, "max_logit_at_init": start, "max_logit": a.abs().max().item(), "drift": drift,
+                     "relative": drift / a.abs().max().item()})  # fmt: skip
+    for row in rows:
+        if row["scale"] <= holds_up_to:
+            require(row["drift"] <= tolerance, "drift-beyond-tolerance", f"scale {row['scale']}: logits drift "
+                    f"{row['drift']} > {tolerance}", scale=row["scale"], observed=row["drift"],
+                    bound=tolerance)  # fmt: skip
+        else:
+            require(row["drift"] > tolerance, "drift-within-tolerance", f"scale {row['scale']}: logits drift only "
+                    f"{row['drift']} <= {tolerance}", scale=row["scale"], observed=row["drift"],
+                    bound=tolerance)  # fmt: skip
+    worst = max(r["relative"] for r in rows)
+    require(worst <= relative_bound, "relative-drift", f"drift / max |logit| reaches {worst} > {relative_bound}",
+            observed=worst, bound=relative_bound)  # fmt: skip
+    return {"rows": rows, "worst_relative": worst, "breaks_at": min((r["scale"] for r in rows
+            if r["drift"] > tolerance), default=None)}  # fmt: skip
+
+
+# -- break-it recipes: the reference ZeRO and torch bent on purpose (tests/break_it/ applies them) ------------------
+def neighbours_range(original: Callable[..., tuple[int, int]]) -> Callable[..., tuple[int, int]]:
+    """`checks.zero.groups.shard_range` that gives each rank its neighbour's slice: the reduced gradient lands in,
+    and the optimizer updates, a slice the rank does not own."""
+
+    def shifted(padded: int, world_size: int, rank: int) -> tuple[int, int]:
+        return original(padded, world_size, (rank + 1) % world_size)
+
+    return shifted

@@ -1,0 +1,142 @@
+"""Guide 13: bend the reference ZeRO and torch's ZeRO relatives, and watch the claims fail for the right reason."""
+
+import pytest
+
+from checks.breakit.patches import replacing, returning, set_to, skipping
+from checks.guides.g13_zero_stages import neighbours_range
+
+ZRO = "torch.distributed.optim.zero_redundancy_optimizer:ZeroRedundancyOptimizer"
+# A ZeRO-2 that forgets to free: each parameter's full gradient is kept after its group is reduced.
+KEEPS_GRADIENTS = skipping("checks.zero.zero2:Zero2._release")
+# Each rank takes its neighbour's slice: the reduced shard lands in, and AdamW updates, a slice it does not own.
+WRONG_SLICE = replacing("checks.zero.groups:shard_range", neighbours_range)
+NO_REPUBLISH = skipping("checks.zero.zero1:Zero1._publish")  # ZeRO-1/2 never all-gather the updated shards
+ZERO3_NEVER_FREES = skipping("checks.zero.zero3:Zero3._free")
+EVERYTHING_TO_RANK_0 = returning(f"{ZRO}._get_min_index", 0)  # the greedy partition ignores sizes
+NO_BROADCAST = skipping(f"{ZRO}._sync_params")
+# FULL_SHARD that frees nothing after forward, as SHARD_GRAD_OP. (The other way round, SHARD_GRAD_OP freeing after
+# forward, trips FSDP's own assert: with use_orig_params it keeps the unsharded views for backward, guide 12.)
+FULL_SHARD_KEEPS = set_to("torch.distributed.fsdp._flat_param:RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES", ())
+PSI, HALF = 51588, 25794  # tiny's parameters, and a rank's shard of them at N=2
+
+
+# -- memory ------------------------------------------------------------------------------------------------------
+@pytest.mark.breaks("13-zero-stages", "memory-fp32")
+def test_a_zero2_that_keeps_each_full_gradient_is_caught(broken) -> None:
+    run = broken(KEEPS_GRADIENTS)
+    assert (run.reason, run.details["impl"]) == ("memory-mismatch", "zero2")
+    # the full gradients (4Ψ) on top of the shard (4Ψ/2): ZeRO-1's gradient memory and more
+    assert run.details["observed"]["grads"] == 4 * PSI + 4 * HALF
+    assert run.details["expected"]["grads"] == 4 * HALF
+
+
+@pytest.mark.breaks("13-zero-stages", "memory-fp32")
+def test_a_partition_that_ignores_sizes_is_caught(broken) -> None:
+    run = broken(EVERYTHING_TO_RANK_0)
+    assert (run.reason, run.details["impl"]) == ("memory-mismatch", "torch-zero")
+    assert run.details["observed"]["optim"] != run.details["expected"]["optim"]
+
+
+@pytest.mark.breaks("13-zero-stages", "memory-fp32-at-4")
+def test_a_kept_gradient_is_caught_on_4_ranks(broken) -> None:
+    run = broken(KEEPS_GRADIENTS)
+    assert (run.reason, run.details["impl"]) == ("memory-mismatch", "zero2")
+    assert run.details["observed"]["grads"] == 4 * PSI + PSI  # 4Ψ kept, 4Ψ/4 of shard
+
+
+@pytest.mark.breaks("13-zero-stages", "memory-bf16")
+def test_a_kept_bf16_gradient_is_caught(broken) -> None:
+    run = broken(KEEPS_GRADIENTS)
+    assert (run.reason, run.details["impl"], run.details["precision"]) == ("memory-mismatch", "zero2", "bf16")
+    assert run.details["observed"]["grads"] == 2 * PSI + 2 * HALF
+
+
+@pytest.mark.breaks("13-zero-stages", "memory-bf16-at-4")
+def test_a_zero3_that_never_frees_is_caught(broken) -> None:
+    # Its whole parameters stay gathered after the step: unsharded bytes where there should be none.
+    run = broken(ZERO3_NEVER_FREES)
+    assert (run.reason, run.details["impl"]) == ("unsharded-after-step", "zero3")
+    assert run.details["observed"] == 2 * PSI  # every unit, bf16, no padding at N=4
+
+
+# -- peaks -------------------------------------------------------------------------------------------------------
+@pytest.mark.breaks("13-zero-stages", "shard-grad-op-peak")
+def test_a_full_shard_that_keeps_after_forward_has_shard_grad_ops_peak(broken) -> None:
+    run = broken(FULL_SHARD_KEEPS)
+    assert run.reason == "unsharded-peak"
+    assert run.details["observed"]["SHARD_GRAD_OP"] == run.details["observed"]["FULL_SHARD"] == 206352
+
+
+@pytest.mark.breaks("13-zero-stages", "shard-grad-op-peak")
+def test_full_shards_peak_is_one_block_without_prefetch(broken) -> None:
+    # Expecting two blocks at FULL_SHARD's peak, as with BACKWARD_PRE: without prefetch it holds one.
+    run = broken(held_blocks=2)
+    assert run.reason == "unsharded-peak"
+    assert (run.details["observed"]["FULL_SHARD"], run.details["expected"]["FULL_SHARD"]) == (78192, 142272)
+
+
+@pytest.mark.breaks("13-zero-stages", "shard-grad-op-peak-backward-pre")
+def test_a_full_shard_that_keeps_is_caught_with_prefetch(broken) -> None:
+    run = broken(FULL_SHARD_KEEPS)
+    assert run.reason == "unsharded-peak"
+    assert run.details["observed"]["FULL_SHARD"] == run.details["expected"]["SHARD_GRAD_OP"] == 206352
+
+
+@pytest.mark.breaks("13-zero-stages", "shard-grad-op-peak-backward-pre")
+def test_prefetch_is_counted_in_full_shards_peak(broken) -> None:
+    # Expecting one block at FULL_SHARD's peak, as without prefetch: BACKWARD_PRE holds two.
+    run = broken(held_blocks=1)
+    assert run.reason == "unsharded-peak"
+    assert (run.details["observed"]["FULL_SHARD"], run.details["expected"]["FULL_SHARD"]) == (142272, 78192)
+
+
+# -- numerics ----------------------------------------------------------------------------------------------------
+@pytest.mark.breaks("13-zero-stages", "bitwise-against-ddp")
+def test_the_wrong_slice_differs_from_ddp(broken) -> None:
+    run = broken(WRONG_SLICE)
+    assert (run.reason, run.details["impl"], run.details["step"]) == ("differs-from-ddp", "zero1", 1)
+
+
+@pytest.mark.breaks("13-zero-stages", "bitwise-against-ddp")
+def test_a_zero1_that_never_republishes_differs_from_ddp(broken) -> None:
+    run = broken(NO_REPUBLISH)
+    # Step 1 updates only the rank's own shard; the loss of step 2 is computed from stale weights elsewhere.
+    assert (run.reason, run.details["impl"], run.details["step"]) == ("differs-from-ddp", "zero1", 1)
+
+
+@pytest.mark.breaks("13-zero-stages", "bitwise-against-ddp")
+def test_zero_redundancy_without_broadcast_differs_from_ddp(broken) -> None:
+    run = broken(NO_BROADCAST)
+    assert (run.reason, run.details["impl"], run.details["step"]) == ("differs-from-ddp", "torch-zero", 1)
+
+
+@pytest.mark.breaks("13-zero-stages", "within-1e-6-of-ddp-at-4")
+def test_the_wrong_slice_is_beyond_the_bound_on_4_ranks(broken) -> None:
+    run = broken(WRONG_SLICE)
+    assert (run.reason, run.details["impl"], run.details["step"]) == ("beyond-bound", "zero1", 1)
+
+
+@pytest.mark.breaks("13-zero-stages", "within-1e-6-of-ddp-at-4")
+def test_the_bound_is_checked(broken) -> None:
+    run = broken(bound=1e-8)  # step 1 already differs by 1.7e-8
+    assert (run.reason, run.details["impl"], run.details["step"]) == ("beyond-bound", "zero1", 1)
+
+
+# -- DDP against one process -------------------------------------------------------------------------------------
+@pytest.mark.breaks("13-zero-stages", "ddp-vs-one-process-logits")
+def test_the_seeds_tolerance_fails_at_logits_of_100(broken) -> None:
+    run = broken(holds_up_to=1000)
+    assert (run.reason, run.details["scale"]) == ("drift-beyond-tolerance", 100)
+    assert run.details["observed"] > 1e-5
+
+
+@pytest.mark.breaks("13-zero-stages", "ddp-vs-one-process-logits")
+def test_the_tolerance_still_holds_at_logits_of_30(broken) -> None:
+    run = broken(holds_up_to=10)
+    assert (run.reason, run.details["scale"]) == ("drift-within-tolerance", 30)
+
+
+@pytest.mark.breaks("13-zero-stages", "ddp-vs-one-process-logits")
+def test_the_relative_bound_is_checked(broken) -> None:
+    run = broken(relative_bound=1e-7)
+    assert run.reason == "relative-drift" and run.details["observed"] > 1e-7
