@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import pprint
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from checks.ranks.protocol import CheckRequest, CheckRun
@@ -59,9 +62,16 @@ def strategy_of(prop: PropertySpec) -> Any:
     return getattr(importlib.import_module(module), name)()
 
 
+HYPOTHESIS_HOME = Path(tempfile.gettempdir()) / "fsdp-readings-hypothesis"
+
+
 def run_property(prop: PropertySpec, request: CheckRequest, send: Send) -> ClaimRun:
     """Draw up to ``prop.examples`` examples; stop at the first that fails and shrink it."""
     from hypothesis import HealthCheck, Verbosity, given, settings
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        set_hypothesis_home_dir(HYPOTHESIS_HOME)  # its caches, never in the working directory (the repository)
 
     runs: list[CheckRun] = []
 
