@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from reader import layout_view, memory_view
+from reader import estimate_view, layout_view, memory_view
 from reader.cli_session import BROKEN, CLEAN, DRIFT, add_common, display, open_session
 from reader.drift import DriftKind
 from reader.guide import Guide
@@ -250,6 +250,12 @@ COMMANDS: list[Command] = [
     Command("memory", "bytes held per category over a step, from a real run", memory_view.configure, memory_view.run),
     Command(
         "layout", "a real flat parameter across ranks, as a claim's run read it", layout_view.configure, layout_view.run
+    ),
+    Command(
+        "estimate",
+        "memory, communication and cost per strategy, and the budget guard",
+        estimate_view.configure,
+        estimate_view.run,
     ),
     Command(
         "timeline",
