@@ -58,7 +58,8 @@ def evidence_symbols(claim: ClaimSpec, guide: Guide, resolutions: Mapping[str, R
 def missing_evidence(
     claim: ClaimSpec, guide: Guide, resolutions: Mapping[str, Resolution], executed: frozenset[str]
 ) -> str | None:
-    """None when some evidence symbol executed; else the failure message."""
+    """None when the claim's evidence ran (each named anchor, or without ``evidence`` any anchor of the guide);
+    else the failure message."""
     wanted = evidence_symbols(claim, guide, resolutions)
     if not wanted:
         names = ", ".join(claim.evidence or [a.name for a in guide.anchors]) or "(none)"
@@ -71,19 +72,19 @@ def missing_evidence(
         silent = {symbol: names for symbol, names in wanted.items() if symbol not in executed}
         if not silent:
             return None
-        listed = "\n".join(f"  - {', '.join(names)}: {symbol}" for symbol, names in silent.items())
-        ran = ", ".join(sorted(executed)) if executed else "none of the traced symbols"
-        return (
-            f"{NEVER_RAN}.\nThese evidence anchors did not execute on any rank:\n{listed}\nExecuted: {ran}.\n"
-            "Make the check exercise that code, or remove the anchor from the claim's `evidence`."
-        )
+        heading, fix = "These evidence anchors did not execute on any rank", "remove the anchor from the claim's"
+        return _never_ran(silent, executed, heading, fix)
     if executed & wanted.keys():
         return None
-    listed = "\n".join(f"  - {', '.join(names)}: {symbol}" for symbol, names in wanted.items())
+    fix = "name the anchors it does exercise in the claim's"
+    return _never_ran(wanted, executed, "None of these executed on any rank", fix)
+
+
+def _never_ran(symbols: Mapping[str, list[str]], executed: frozenset[str], heading: str, fix: str) -> str:
+    listed = "\n".join(f"  - {', '.join(names)}: {symbol}" for symbol, names in symbols.items())
     ran = ", ".join(sorted(executed)) if executed else "none of the traced symbols"
     return (
-        f"{NEVER_RAN}.\nNone of these executed on any rank:\n{listed}\nExecuted: {ran}.\n"
-        "Make the check exercise that code, or name the anchors it does exercise in the claim's `evidence`."
+        f"{NEVER_RAN}.\n{heading}:\n{listed}\nExecuted: {ran}.\nMake the check exercise that code, or {fix} `evidence`."
     )
 
 
