@@ -1,0 +1,384 @@
+"""Checks for guide 17, prefetch in FSDP2: which group each ``fully_shard`` hook all-gathers, for itself or ahead.
+
+Expected sequences come from the torch-free rule model (`checks.models.fsdp2_prefetch`: `step_sequence`, fed the
+units' structural forward order and the targets the check sets) and from the guide's expect blocks; the
+all-gather counts from the guide's derivation (`all_gathers_by_formula`). Nothing expected is recorded from torch.
+Torch's own post-forward order (``FSDPCommContext.post_forward_order``) is compared with the structural order
+first, so the model's input is what torch used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from checks.models.fsdp2_prefetch import all_gathers, all_gathers_by_formula, lookahead, prefetches, step_sequence
+from checks.naming import ROOT, unit_name
+from checks.probes import assert_sequence, record_comm, record_events
+from checks.ranks.context import RankContext
+from checks.violation import Violation, require_equal
+from checks.workloads import toy
+from checks.workloads.gpt import batch
+from mini_gpt import GPT, preset
+
+BLOCKS = ("blocks.0", "blocks.1", "blocks.2")
+# Forward order of the inner units implied by each workload's structure; the root runs first and ends last.
+FORWARD = {"gpt": BLOCKS, "toy": toy.DEFAULT_UNITS}
+# Inner units whose forward inputs need no gradient: the toy's "0" takes the model's input, so autograd never runs
+# its post-backward and the final callback does (after the root's).
+NO_INPUT_GRAD = {"gpt": (), "toy": ("0",)}
+RESHARD: dict[str, bool | None] = {"True": True, "None": None, "False": False}
+_GROUP = "torch.distributed.fsdp._fully_shard._fsdp_param_group:FSDPParamGroup"
+_STATE = "torch.distributed.fsdp._fully_shard._fsdp_state:FSDPState"
+
+
+def fsdp2_gpt(ctx: RankContext, reshard_after_forward: bool | None = True) -> nn.Module:
+    """mini_gpt tiny with ``fully_shard`` on each block, then on the model (the root), on a 1-D cpu/cuda mesh.
+    ``None`` leaves ``reshard_after_forward`` at its default."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = GPT(preset("tiny"), seed=0).to(ctx.device)
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    kwargs = {} if reshard_after_forward is None else {"reshard_after_forward": reshard_after_forward}
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, **kwargs)
+    return fully_shard(model, mesh=mesh, **kwargs)
+
+
+def _build(ctx: RankContext, workload: str, reshard: bool | None) -> nn.Module:
+    if workload == "gpt":
+        return fsdp2_gpt(ctx, reshard)
+    model = toy.toy_model(ctx.device)
+    if reshard is None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+        for name in toy.DEFAULT_UNITS:
+            fully_shard(getattr(model, name), mesh=mesh)
+        return fully_shard(model, mesh=mesh)
+    return toy.wrap_fsdp2(model, ctx, reshard_after_forward=reshard)
+
+
+def _loss(ctx: RankContext, workload: str, model: nn.Module) -> torch.Tensor:
+    if workload == "gpt":
+        return model(*batch(ctx))[1]
+    return model(toy.toy_batch(ctx)).sum()
+
+
+def _modules(model: nn.Module, workload: str) -> dict[str, nn.Module]:
+    return {ROOT: model, **{name: model.get_submodule(name) for name in FORWARD[workload]}}
+
+
+def _set_targets(model: nn.Module, workload: str, direction: str, targets: dict[str, list[str]]) -> None:
+    modules = _modules(model, workload)
+    for unit, wanted in targets.items():
+        setter = getattr(modules[unit], f"set_modules_to_{direction}_prefetch")
+        setter([modules[t] for t in wanted])
+
+
+def torch_post_forward_order(model: nn.Module) -> list[str]:
+    """The root state's ``post_forward_order`` now, as unit names."""
+    order = model._get_fsdp_state()._comm_ctx.post_forward_order
+    return [unit_name(group._module_fqn) for group in order]
+
+
+def _events(events: Any) -> list[str]:
+    return [e.describe() for e in events]
+
+
+def one_step(
+    ctx: RankContext, workload: str, reshard: bool | None, *, forward_targets: dict[str, list[str]] | None = None,
+    backward_targets: dict[str, list[str]] | None = None, steps: int = 1,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Forward and backward, ``steps`` times on one model; per step what `run_step` returns."""
+    model = _build(ctx, workload, reshard)
+    if forward_targets:
+        _set_targets(model, workload, "forward", forward_targets)
+    if backward_targets:
+        _set_targets(model, workload, "backward", backward_targets)
+    return [
+        run_step(ctx, model, workload, FORWARD[workload], reshard, forward_targets=forward_targets,
+                 backward_targets=backward_targets, step=step)
+        for step in range(1, steps + 1)
+    ]  # fmt: skip
+
+
+def run_step(
+    ctx: RankContext, model: nn.Module, workload: str, forward: tuple[str, ...], reshard: bool | None, *,
+    forward_targets: dict[str, list[str]] | None = None, backward_targets: dict[str, list[str]] | None = None,
+    step: int = 1,
+) -> dict[str, Any]:  # fmt: skip
+    """One forward and backward of ``model``, whose inner units run in ``forward`` order: the events, torch's
+    post-forward order (checked against ``forward``), the all-gathers issued in forward and in backward, and what
+    `step_sequence` expects (`matches_model` compares them)."""
+    expected = step_sequence(
+        forward, ROOT, reshard_after_forward=reshard, forward_targets=forward_targets,
+        backward_targets=backward_targets, no_input_grad=NO_INPUT_GRAD[workload],
+    )  # fmt: skip
+    where = {"workload": workload, "reshard_after_forward": str(reshard), "step": step}
+    with record_events(model) as events:
+        with record_comm() as forward_comm:
+            loss = _loss(ctx, workload, model)
+        order = torch_post_forward_order(model)
+        with record_comm() as backward_comm:
+            loss.backward()
+    what = f"{workload}, reshard_after_forward={reshard}, step {step}: torch's post-forward order"
+    require_equal(order, [*forward, ROOT], reason="post-forward-order", what=what, **where)
+    gathers = {
+        "forward": sum(c.op == "all_gather" for c in forward_comm),
+        "backward": sum(c.op == "all_gather" for c in backward_comm),
+    }
+    return {"sequence": _events(events), "post_forward": order, "all_gathers": gathers, "expected": expected,
+            "where": where}  # fmt: skip
+
+
+def matches_model(step: dict[str, Any]) -> None:
+    """The step's whole event sequence is `step_sequence`'s, and the collective recorder's all-gathers, in forward
+    and in backward, are that sequence's count."""
+    try:
+        assert_sequence(step["sequence"], step["expected"], what=f"step {step['where']}", reason="sequence-differs")
+    except Violation as failure:
+        failure.details.update(step["where"])
+        raise
+    what = f"step {step['where']}: all-gathers recorded, against the model's"
+    require_equal(step["all_gathers"], all_gathers(step["expected"]), reason="all-gathers", what=what, **step["where"])
+
+
+def _pairs(lines: list[str]) -> list[str]:
+    return ["".join(line.split()) for line in lines]
+
+
+def no_implicit_forward_prefetch(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
+    """With no explicit targets, no forward prefetches, in the first step or the second: every group's all-gather
+    is issued by its own pre-forward (``unshard`` events, in the guide's order); the whole step is the model's."""
+    steps = one_step(ctx, "gpt", True, steps=2)
+    out: dict[str, Any] = {}
+    for number, step in enumerate(steps, start=1):
+        seq = step["sequence"]
+        forward = seq[: seq.index(f"pre_backward {ROOT}")] if f"pre_backward {ROOT}" in seq else seq
+        issued = [e.removeprefix("unshard ") for e in forward if e.startswith("unshard ")]
+        fetched = prefetches(forward)
+        require_equal(fetched, [], reason="forward-prefetched", what=f"step {number}: prefetches in forward",
+                      step=number)  # fmt: skip
+        require_equal(issued, stated, reason="forward-differs", what=f"step {number}: groups unsharded by their own "
+                      "pre-forward, against the guide", step=number)  # fmt: skip
+        matches_model(step)
+        out[str(number)] = {"forward_prefetches": len(fetched), "own_unshards": issued}
+    out["forward_prefetches"] = sum(out[k]["forward_prefetches"] for k in ("1", "2"))
+    return out
+
+
+def implicit_backward_prefetch(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
+    """With no explicit targets each group's pre-backward prefetches the entry before its own in the post-forward
+    order: mini_gpt and the toy, with ``reshard_after_forward`` True and the default (the root kept unsharded);
+    mini_gpt's backward prefetches are the guide's, and the whole step is the rule model's."""
+    want = {"gpt": _pairs(stated), "toy": prefetches(step_sequence(FORWARD["toy"], ROOT), phase="backward")}
+    model_pairs = prefetches(step_sequence(BLOCKS, ROOT), phase="backward")
+    require_equal(want["gpt"], model_pairs, reason="order-differs-from-guide", what="the model's prefetches")
+    out: dict[str, Any] = {}
+    for workload in ("gpt", "toy"):
+        for label in ("True", "None"):
+            (step,) = one_step(ctx, workload, RESHARD[label])
+            fetched = prefetches(step["sequence"], phase="backward")
+            require_equal(fetched, want[workload], reason="prefetches-differ", what=f"{workload} {label}: backward "
+                          "prefetches", workload=workload, reshard=label)  # fmt: skip
+            matches_model(step)
+            out[f"{workload} {label}"] = {"prefetches": fetched, "post_forward": step["post_forward"]}
+    return out
+
+
+def explicit_forward_prefetch(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
+    """``set_modules_to_forward_prefetch`` with a lookahead of 1 and of 2 (each block names the next k blocks):
+    the forward prefetches are the guide's table, and the step is the model's."""
+    want = {line.split()[0]: line.split()[1:] for line in stated}
+    out: dict[str, Any] = {}
+    for k in (1, 2):
+        targets = lookahead(BLOCKS, ROOT, k, "forward")
+        modelled = prefetches(step_sequence(BLOCKS, ROOT, forward_targets=targets), phase="forward")
+        what = f"model, lookahead {k}"
+        require_equal(modelled, want[f"lookahead-{k}"], reason="order-differs-from-guide", what=what)
+        (step,) = one_step(ctx, "gpt", True, forward_targets=targets)
+        fetched = prefetches(step["sequence"], phase="forward")
+        require_equal(fetched, want[f"lookahead-{k}"], reason="prefetches-differ", what=f"forward lookahead {k}",
+                      lookahead=k)  # fmt: skip
+        matches_model(step)
+        out[f"lookahead {k}"] = {"targets": targets, "forward_prefetches": fetched}
+    return out
+
+
+BACKWARD_CASES = {
+    "lookahead-1": lookahead(BLOCKS, ROOT, 1, "backward"),
+    "lookahead-2": lookahead(BLOCKS, ROOT, 2, "backward"),
+    "root-to-blocks.0": {ROOT: ["blocks.0"]},
+}
+
+
+def explicit_backward_prefetch(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
+    """``set_modules_to_backward_prefetch`` with a lookahead of 1 and of 2 (the root and each block name the k
+    units before them in post-forward order), and one target that is not the implicit one (the root names
+    blocks.0): the backward prefetches are the guide's table, and the step is the model's."""
+    want = {line.split()[0]: line.split()[1:] for line in stated}
+    out: dict[str, Any] = {}
+    for case, targets in BACKWARD_CASES.items():
+        require_equal(prefetches(step_sequence(BLOCKS, ROOT, backward_targets=targets), phase="backward"),
+                      want[case], reason="order-differs-from-guide", what=f"model, {case}")  # fmt: skip
+        (step,) = one_step(ctx, "gpt", True, backward_targets=targets)
+        fetched = prefetches(step["sequence"], phase="backward")
+        require_equal(fetched, want[case], reason="prefetches-differ", what=f"backward {case}", case=case)
+        matches_model(step)
+        out[case] = {"targets": targets, "backward_prefetches": fetched}
+    return out
+
+
+def all_gathers_per_step(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
+    """All-gathers issued by one step's forward and backward, by ``reshard_after_forward``, with no explicit
+    targets and with a lookahead of 2 both ways: the guide's derivation, the same with and without prefetch."""
+    want = {line.split()[0]: [int(w) for w in line.split()[1:]] for line in stated}
+    out: dict[str, Any] = {}
+    for label, reshard in RESHARD.items():
+        formula = all_gathers_by_formula(len(BLOCKS), reshard)
+        derived = [formula["forward"], formula["backward"], sum(formula.values())]
+        what = f"reshard_after_forward={label}: the formula"
+        require_equal(derived, want[label], reason="formula-differs-from-guide", what=what)
+        for config in ("implicit", "lookahead-2"):
+            targets = {}
+            if config != "implicit":
+                targets = {"forward_targets": lookahead(BLOCKS, ROOT, 2, "forward"),
+                           "backward_targets": lookahead(BLOCKS, ROOT, 2, "backward")}  # fmt: skip
+            (step,) = one_step(ctx, "gpt", reshard, **targets)
+            what = f"reshard_after_forward={label}, {config}: all-gathers"
+            require_equal(step["all_gathers"], formula, reason="all-gathers", what=what, reshard=label, config=config)
+            out[f"{label} {config}"] = {**step["all_gathers"], "total": sum(step["all_gathers"].values())}
+    return out
+
+
+def order_of_this_step(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
+    """A model whose second step runs its blocks in reverse. Implicit: step 2's backward prefetches follow step 2's
+    post-forward order (nothing is kept from step 1). Explicit lookahead 1, set for the module order: step 2
+    follows the targets as given, now wrong for that order. Both steps are the model's; step 2's prefetches are the
+    guide's table."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from checks.guides.g04_forward_prefetch import ReorderableGPT
+
+    want = {line.split()[0]: line.split()[1:] for line in stated}
+    out: dict[str, Any] = {}
+    for case, targets in (("implicit", None), ("explicit", lookahead(BLOCKS, ROOT, 1, "backward"))):
+        model = ReorderableGPT(preset("tiny"), seed=0).to(ctx.device)
+        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        if targets:
+            _set_targets(model, "gpt", "backward", targets)
+        steps = []
+        for step, order in ((1, [0, 1, 2]), (2, [2, 1, 0])):
+            model.blocks.order = order
+            forward = tuple(f"blocks.{i}" for i in order)
+            steps.append(run_step(ctx, model, "gpt", forward, None, backward_targets=targets, step=step))
+        fetched = prefetches(steps[1]["sequence"], phase="backward")
+        require_equal(fetched, want[case], reason="prefetches-differ", what=f"{case}: step 2's backward prefetches",
+                      case=case)  # fmt: skip
+        for step in steps:
+            step["where"]["case"] = case
+            matches_model(step)
+        second = steps[1]["sequence"]
+        backward = second[second.index(f"pre_backward {ROOT}") :]
+        out[case] = {
+            "step 1": prefetches(steps[0]["sequence"], phase="backward"),
+            "step 2": fetched,
+            "own_unshards_step_2": [e.removeprefix("unshard ") for e in backward if e.startswith("unshard ")],
+            "backward_all_gathers_step_2": steps[1]["all_gathers"]["backward"],
+        }
+    return out
+
+
+# -- break-it recipes: this guide's behaviour bent on purpose (tests/break_it/ applies them) --------------
+
+
+def prefetch_two_back(original: Any, self: Any) -> None:
+    """``_backward_prefetch`` that prefetches the entry two before the group's own, not one. (The group is called
+    ``self`` so that the event recorder names the issuer.)"""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+
+    if self._training_state != TrainingState.PRE_BACKWARD or not self._post_forward_indices:
+        return
+    index = self._post_forward_indices.pop()
+    if index > 1:
+        self._prefetch_unshard(self.comm_ctx.post_forward_order[index - 2], "backward")
+
+
+def forward_prefetch_like_fsdp1(original: Any, self: Any, module: Any, args: Any, kwargs: Any) -> Any:
+    """``FSDPState._pre_forward`` that, after its own unshard, prefetches the next state's groups in module
+    pre-order: an implicit forward prefetch, as FSDP1's ``forward_prefetch=True`` would issue (``self``: the
+    state, so that the event recorder names the issuer)."""
+    state = self
+    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    first = state._training_state not in (TrainingState.FORWARD, TrainingState.PRE_BACKWARD)
+    result = original(state, module, args, kwargs)
+    states = state._state_ctx.all_states
+    if first and state in states and states.index(state) + 1 < len(states):
+        for group in states[states.index(state) + 1]._fsdp_param_groups:
+            FSDPParamGroup._prefetch_unshard(group, "forward")
+    return result
+
+
+def ignore_backward_targets(original: Any, state: Any, grad: Any) -> Any:
+    """``FSDPState._pre_backward`` that ignores the explicit targets: every group takes the implicit path."""
+    kept = state._states_to_backward_prefetch
+    state._states_to_backward_prefetch = []
+    try:
+        return original(state, grad)
+    finally:
+        state._states_to_backward_prefetch = kept
+
+
+def ignore_forward_targets(original: Any, state: Any, module: Any, args: Any, kwargs: Any) -> Any:
+    """``FSDPState._pre_forward`` that ignores the explicit targets."""
+    kept = state._states_to_forward_prefetch
+    state._states_to_forward_prefetch = []
+    try:
+        return original(state, module, args, kwargs)
+    finally:
+        state._states_to_forward_prefetch = kept
+
+
+def first_target_only(original: Any, module: Any, modules: list[Any]) -> None:
+    """``set_modules_to_{forward,backward}_prefetch`` that keeps only the first module asked for (lookahead 1)."""
+    return original(module, modules[:1])
+
+
+def keep_unsharded_after_forward(original: Any, group: Any) -> None:
+    """``FSDPParamGroup.reshard`` that does nothing in forward: every setting behaves as False."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+
+    if group._training_state == TrainingState.FORWARD:
+        return None
+    return original(group)
+
+
+def regather_when_pending(original: Any, self: Any, *args: Any, **kwargs: Any) -> None:
+    """``FSDPParamGroup.unshard`` that drops a pending all-gather and issues a new one, instead of absorbing the
+    second request: every prefetched group is all-gathered twice."""
+    self._all_gather_result = None
+    return original(self, *args, **kwargs)
+
+
+def implicit_prefetch_always(original: Any, self: Any, default_prefetch: bool, *unused: Any) -> None:
+    """``FSDPParamGroup.pre_backward`` told to take the implicit path even when the unit has explicit targets."""
+    return original(self, True, *unused)
+
+
+def keep_order_across_steps(original: Any, self: Any) -> None:
+    """``_root_post_backward_final_callback`` whose step end does not clear the post-forward order: the next
+    forward appends to the old one."""
+    kept = list(self._comm_ctx.post_forward_order)
+    original(self)
+    self._comm_ctx.post_forward_order[:0] = kept

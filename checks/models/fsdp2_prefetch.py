@@ -1,0 +1,162 @@
+"""Which FSDP2 group unshards ahead of time, as rules over unit names (guide 17). Torch-free.
+
+One training step of ``fully_shard`` units, each with one parameter group: a root (outermost, its own layers
+produce the output, its forward inputs need no gradient) and inner units run once each, in ``forward`` order.
+
+A unit whose forward inputs need no gradient (the root, whose inputs are the model's; the first inner unit when
+it takes the model's input directly, as the toy's ``0`` does) gets no post-backward from autograd: the final
+callback runs it, for those units in module pre-order (the root first, then the inner units in ``forward`` order,
+which the model takes to be module order).
+
+A group is *sharded*, *in flight* (an all-gather issued, not yet waited for) or *unsharded*. An unshard of a
+group that is not sharded issues nothing (``FSDPParamGroup.unshard`` returns early when a result is pending or
+the group is unsharded). A wait of a group in flight copies out (``wait_unshard``); of any other group it does
+nothing. A reshard of an unsharded group frees it (``free``).
+
+Forward. The root's pre-forward unshards and waits for the root; each inner unit's pre-forward unshards and waits
+for its own group, then (explicit targets only, ``forward_targets``) prefetches each target in the order given.
+There is no implicit forward prefetch. Each post-forward reshards the group if ``reshard_after_forward`` says so
+and appends it to the post-forward order; the root's post-forward comes last.
+
+Backward. Pre-backward hooks run in reverse post-forward order. Each unshards and waits for its own group, then
+prefetches: the explicit targets (``backward_targets``) in the order given if the unit has any; otherwise the
+entry before its own in the post-forward order (implicit), none for the first. An inner unit's post-backward
+(after its gradient) frees it and reduce-scatters; the root's, and those of ``no_input_grad``, run from the final
+callback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+RESHARD = (True, None, False)
+
+
+def reshards_after_forward(unit: str, root: str, setting: bool | None) -> bool:
+    """``reshard_after_forward`` as each unit applies it: ``None`` (the default) is True except for the root."""
+    if setting not in RESHARD:
+        raise ValueError(f"reshard_after_forward must be one of {RESHARD} here, not {setting!r}")
+    return unit != root if setting is None else setting
+
+
+def step_sequence(
+    forward: Sequence[str],
+    root: str,
+    *,
+    reshard_after_forward: bool | None = True,
+    forward_targets: Mapping[str, Sequence[str]] | None = None,
+    backward_targets: Mapping[str, Sequence[str]] | None = None,
+    no_input_grad: Sequence[str] = (),
+) -> list[str]:
+    """The step's events, as ``unshard U``, ``prefetch U→T``, ``wait_unshard U``, ``free U``, ``pre_backward U``,
+        ``post_backward U``, ``reduce_grad U``, ``root_pre_forward R`` and ``final_callback R``, for inner units run
+        in ``forward`` order under ``root`` (see the module docstring). All groups start sharded. ``no_input_grad``:
+    inner units whose forward inputs need no gradient."""
+    forward_targets = forward_targets or {}
+    backward_targets = backward_targets or {}
+    units = [root, *forward]
+    if len(set(units)) != len(units):
+        raise ValueError(f"each unit runs once here: {units}")
+    for targets in (forward_targets, backward_targets):
+        for unit, wanted in targets.items():
+            unknown = [u for u in (unit, *wanted) if u not in units]
+            if unknown:
+                raise ValueError(f"unknown units {unknown}")
+    if unknown := [u for u in no_input_grad if u not in forward]:
+        raise ValueError(f"unknown inner units {unknown}")
+    state = dict.fromkeys(units, "sharded")
+    seq: list[str] = []
+
+    def unshard(unit: str, issuer: str | None = None) -> None:
+        if state[unit] == "sharded":
+            state[unit] = "in flight"
+            seq.append(f"unshard {unit}" if issuer is None else f"prefetch {issuer}→{unit}")
+
+    def wait(unit: str) -> None:
+        if state[unit] == "in flight":
+            state[unit] = "unsharded"
+            seq.append(f"wait_unshard {unit}")
+
+    def free(unit: str) -> None:
+        if state[unit] == "unsharded":
+            state[unit] = "sharded"
+            seq.append(f"free {unit}")
+
+    def post_backward(unit: str) -> None:
+        seq.append(f"post_backward {unit}")
+        free(unit)
+        seq.append(f"reduce_grad {unit}")
+
+    post_forward: list[str] = []
+
+    def post_forward_of(unit: str) -> None:
+        if reshards_after_forward(unit, root, reshard_after_forward):
+            free(unit)
+        post_forward.append(unit)
+
+    seq.append(f"root_pre_forward {root}")
+    for unit in units:
+        unshard(unit)
+        wait(unit)
+        for target in forward_targets.get(unit, ()):
+            unshard(target, issuer=unit)
+        if unit != root:
+            post_forward_of(unit)
+    post_forward_of(root)
+
+    for index in reversed(range(len(post_forward))):
+        unit = post_forward[index]
+        seq.append(f"pre_backward {unit}")
+        unshard(unit)
+        wait(unit)
+        explicit = backward_targets.get(unit, ())
+        if explicit:
+            for target in explicit:
+                unshard(target, issuer=unit)
+        elif index > 0:
+            unshard(post_forward[index - 1], issuer=unit)
+        if unit != root and unit not in no_input_grad:
+            post_backward(unit)
+    seq.append(f"final_callback {root}")
+    for unit in (root, *(u for u in forward if u in no_input_grad)):
+        post_backward(unit)
+    return seq
+
+
+def prefetches(seq: Sequence[str], *, phase: str | None = None) -> list[str]:
+    """The ``issuer→target`` prefetches of `step_sequence`'s ``seq``; ``phase`` ``"forward"`` or ``"backward"``
+    keeps those before or after the first ``pre_backward``."""
+    split = next((i for i, event in enumerate(seq) if event.startswith("pre_backward ")), len(seq))
+    part = {"forward": seq[:split], "backward": seq[split:], None: seq}[phase]
+    return [event.removeprefix("prefetch ") for event in part if event.startswith("prefetch ")]
+
+
+def all_gathers(seq: Sequence[str]) -> dict[str, int]:
+    """All-gathers of `step_sequence`'s ``seq`` (one per ``unshard`` or ``prefetch`` event: an event is recorded
+    only when a group leaves the sharded state), split at the first ``pre_backward``."""
+    split = next((i for i, event in enumerate(seq) if event.startswith("pre_backward ")), len(seq))
+
+    def count(part: Sequence[str]) -> int:
+        return sum(event.startswith(("unshard ", "prefetch ")) for event in part)
+
+    return {"forward": count(seq[:split]), "backward": count(seq[split:])}
+
+
+def all_gathers_by_formula(inner_units: int, reshard_after_forward: bool | None) -> dict[str, int]:
+    """The count the guide derives: forward all-gathers every group once (n + 1); backward all-gathers again every
+    group its forward resharded: all (True), all but the root (None), none (False). Prefetch moves all-gathers
+    earlier; it never adds or removes one."""
+    backward = {True: inner_units + 1, None: inner_units, False: 0}[reshard_after_forward]
+    return {"forward": inner_units + 1, "backward": backward}
+
+
+def lookahead(forward: Sequence[str], root: str, k: int, direction: str) -> dict[str, list[str]]:
+    """Explicit targets with a lookahead of ``k``: in forward, each inner unit names the next ``k`` inner units; in
+    backward, the root and each inner unit name the ``k`` units before it in post-forward order, nearest first
+    (the first inner unit names none, which leaves it on the implicit path)."""
+    if direction == "forward":
+        return {u: list(forward[i + 1 : i + 1 + k]) for i, u in enumerate(forward)}
+    if direction == "backward":
+        order = [*forward, root]
+        return {u: list(reversed(order[max(0, i - k) : i])) for i, u in enumerate(order) if i > 0}
+    raise ValueError(f"direction is forward or backward, not {direction!r}")

@@ -1,0 +1,117 @@
+"""FSDP2's prefetch rules as a model: no implicit forward prefetch, implicit backward prefetch of the previous
+post-forward entry, explicit targets exactly as given (guide 17)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from checks.models.fsdp2_prefetch import (
+    all_gathers,
+    all_gathers_by_formula,
+    lookahead,
+    prefetches,
+    reshards_after_forward,
+    step_sequence,
+)
+
+BLOCKS = ["blocks.0", "blocks.1", "blocks.2"]
+ROOT = "root"
+
+
+def test_the_default_forward_prefetches_nothing_and_backward_walks_the_record_back() -> None:
+    seq = step_sequence(BLOCKS, ROOT)
+    assert prefetches(seq, phase="forward") == []
+    assert prefetches(seq, phase="backward") == ["root→blocks.2", "blocks.2→blocks.1", "blocks.1→blocks.0"]
+    # written out by hand from the rules: forward unshards each group for itself, the root first and freed last
+    assert seq[:13] == [
+        "root_pre_forward root", "unshard root", "wait_unshard root",
+        "unshard blocks.0", "wait_unshard blocks.0", "free blocks.0",
+        "unshard blocks.1", "wait_unshard blocks.1", "free blocks.1",
+        "unshard blocks.2", "wait_unshard blocks.2", "free blocks.2", "free root",
+    ]  # fmt: skip
+    assert seq[-4:] == ["final_callback root", "post_backward root", "free root", "reduce_grad root"]
+
+
+def test_the_default_reshard_keeps_the_root_so_backward_does_not_gather_it() -> None:
+    seq = step_sequence(BLOCKS, ROOT, reshard_after_forward=None)
+    assert "free root" not in seq[: seq.index("pre_backward root")]
+    assert seq[seq.index("pre_backward root") + 1] == "prefetch root→blocks.2"
+
+
+def test_no_reshard_after_forward_leaves_nothing_to_prefetch() -> None:
+    seq = step_sequence(BLOCKS, ROOT, reshard_after_forward=False)
+    assert prefetches(seq) == []
+    assert all_gathers(seq) == {"forward": 4, "backward": 0}
+
+
+def test_forward_lookahead_two_is_issued_by_the_first_and_absorbed_by_the_second() -> None:
+    targets = lookahead(BLOCKS, ROOT, 2, "forward")
+    assert targets == {"blocks.0": ["blocks.1", "blocks.2"], "blocks.1": ["blocks.2"], "blocks.2": []}
+    seq = step_sequence(BLOCKS, ROOT, forward_targets=targets)
+    assert prefetches(seq, phase="forward") == ["blocks.0→blocks.1", "blocks.0→blocks.2"]
+    assert "unshard blocks.1" not in seq and "unshard blocks.2" not in seq
+
+
+def test_backward_lookahead_two_names_the_two_units_before() -> None:
+    targets = lookahead(BLOCKS, ROOT, 2, "backward")
+    assert targets == {"blocks.1": ["blocks.0"], "blocks.2": ["blocks.1", "blocks.0"], ROOT: ["blocks.2", "blocks.1"]}
+    seq = step_sequence(BLOCKS, ROOT, backward_targets=targets)
+    assert prefetches(seq, phase="backward") == ["root→blocks.2", "root→blocks.1", "blocks.2→blocks.0"]
+
+
+def test_explicit_targets_replace_the_implicit_one() -> None:
+    seq = step_sequence(BLOCKS, ROOT, backward_targets={ROOT: ["blocks.0"]})
+    assert prefetches(seq, phase="backward") == ["root→blocks.0", "blocks.2→blocks.1"]
+    assert "unshard blocks.2" in seq[seq.index("pre_backward blocks.2") :]
+
+
+def test_an_empty_target_list_is_the_implicit_path() -> None:
+    assert step_sequence(BLOCKS, ROOT, backward_targets={ROOT: []}) == step_sequence(BLOCKS, ROOT)
+
+
+@pytest.mark.parametrize("setting", [True, None, False])
+@pytest.mark.parametrize("n", [1, 3, 5])
+def test_prefetch_moves_all_gathers_and_never_adds_one(setting: bool | None, n: int) -> None:
+    blocks = [f"b{i}" for i in range(n)]
+    want = all_gathers_by_formula(n, setting)
+    for k in (1, 2):
+        seq = step_sequence(
+            blocks, ROOT, reshard_after_forward=setting, forward_targets=lookahead(blocks, ROOT, k, "forward"),
+            backward_targets=lookahead(blocks, ROOT, k, "backward"),
+        )  # fmt: skip
+        assert all_gathers(seq) == want
+    assert all_gathers(step_sequence(blocks, ROOT, reshard_after_forward=setting)) == want
+
+
+def test_reshard_setting_per_unit() -> None:
+    assert [reshards_after_forward(u, ROOT, None) for u in (ROOT, "b")] == [False, True]
+    with pytest.raises(ValueError, match="reshard_after_forward"):
+        reshards_after_forward(ROOT, ROOT, 2)  # type: ignore[arg-type]
+
+
+def test_units_run_once() -> None:
+    with pytest.raises(ValueError, match="once"):
+        step_sequence(["a", "a"], ROOT)
+
+
+@given(st.integers(1, 6), st.integers(1, 4), st.sampled_from([True, None]))
+def test_every_group_is_waited_for_before_its_pre_backward_returns(n: int, k: int, setting: bool | None) -> None:
+    blocks = [f"b{i}" for i in range(n)]
+    seq = step_sequence(blocks, ROOT, reshard_after_forward=setting, backward_targets=lookahead(blocks, ROOT, k,
+                        "backward"))  # fmt: skip
+    start = seq.index(f"pre_backward {ROOT}")
+    gathered = [e.split("→")[-1].split()[-1] for e in seq[start:] if e.startswith(("unshard ", "prefetch "))]
+    assert len(gathered) == len(set(gathered)) == all_gathers_by_formula(n, setting)["backward"]
+    for unit in blocks:
+        assert seq.index(f"pre_backward {unit}") < seq.index(f"post_backward {unit}")
+
+
+def test_a_unit_fed_the_models_input_is_reduced_in_the_final_callback_after_the_root() -> None:
+    seq = step_sequence(["0", "1"], ROOT, no_input_grad=["0"])
+    assert seq[seq.index("final_callback root") :] == [
+        "final_callback root", "post_backward root", "free root", "reduce_grad root",
+        "post_backward 0", "free 0", "reduce_grad 0",
+    ]  # fmt: skip
+    assert prefetches(seq, phase="backward") == ["root→1", "1→0"]
