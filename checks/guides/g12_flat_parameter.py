@@ -465,6 +465,20 @@ def _no_accelerator(message: str) -> bool:
     return any(text in message for text in NO_ACCELERATOR)
 
 
+def _fails_for_no_accelerator(call: Any, raised_in: str, ran: tuple[str, str]) -> dict[str, Any]:
+    """``call()`` must raise one of the no-accelerator errors from a frame of ``raised_in``; ``ran`` is the
+    (reason, message) of the violation when it does not raise at all."""
+    try:
+        call()
+    except RuntimeError as error:
+        message, frames = str(error), _frames(error)
+    else:
+        raise Violation(*ran)
+    require(_no_accelerator(message), "wrong-offload-error", f"unexpected error: {message}", error=message)
+    require(raised_in in frames, "raised-elsewhere", f"raised in {frames[-4:]}", frames=frames)
+    return {"error": message, "raised_in": raised_in}
+
+
 def _frames(error: BaseException) -> list[str]:
     return [frame.name for frame in traceback.extract_tb(error.__traceback__)]
 
@@ -479,15 +493,8 @@ def offload_params_needs_accelerator(ctx: RankContext) -> dict[str, Any]:
         model(toy.toy_batch(ctx)).sum().backward()
         require(handle.flat_param._local_shard.is_pinned(), "shard-not-pinned", "the local shard is not pinned")
         return {"error": None, "raised_in": None}
-    try:
-        model(toy.toy_batch(ctx))
-    except RuntimeError as error:
-        message, frames = str(error), _frames(error)
-    else:
-        raise Violation("offload-ran-without-accelerator", "the first forward with offload_params=True ran on CPU")
-    require(_no_accelerator(message), "wrong-offload-error", f"unexpected error: {message}", error=message)
-    require("init_flat_param_attributes" in frames, "raised-elsewhere", f"raised in {frames[-4:]}", frames=frames)
-    return {"error": message, "raised_in": "init_flat_param_attributes"}
+    ran = ("offload-ran-without-accelerator", "the first forward with offload_params=True ran on CPU")
+    return _fails_for_no_accelerator(lambda: model(toy.toy_batch(ctx)), "init_flat_param_attributes", ran)
 
 
 def offload_params_on_gpu(ctx: RankContext) -> dict[str, Any]:
@@ -581,15 +588,9 @@ def fsdp2_offload(ctx: RankContext, pin_memory: bool) -> dict[str, Any]:
 
     policy = CPUOffloadPolicy(pin_memory=pin_memory)
     if pin_memory and not torch.accelerator.is_available():
-        try:
-            toy.wrap_fsdp2(toy.toy_model(ctx.device), ctx, offload_policy=policy)
-        except RuntimeError as error:
-            message, frames = str(error), _frames(error)
-        else:
-            raise Violation("pinned-offload-ran", "fully_shard with CPUOffloadPolicy() ran without an accelerator")
-        require(_no_accelerator(message), "wrong-offload-error", f"unexpected error: {message}", error=message)
-        require("_init_sharded_param" in frames, "raised-elsewhere", f"raised in {frames[-4:]}", frames=frames)
-        return {"error": message, "raised_in": "_init_sharded_param"}
+        ran = ("pinned-offload-ran", "fully_shard with CPUOffloadPolicy() ran without an accelerator")
+        build = lambda: toy.wrap_fsdp2(toy.toy_model(ctx.device), ctx, offload_policy=policy)  # noqa: E731
+        return _fails_for_no_accelerator(build, "_init_sharded_param", ran)
     x = toy.toy_batch(ctx)
     grads = {}
     for label, kwargs in (("offload", {"offload_policy": policy}), ("plain", {})):

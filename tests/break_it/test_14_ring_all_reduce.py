@@ -81,30 +81,11 @@ def test_a_ring_that_skips_a_step_takes_five(broken) -> None:
     assert (run.details["observed"], run.details["expected"]) == (5, 6)
 
 
-def test_a_ring_that_sends_a_wrong_chunk_breaks_the_schedule(broken_steps) -> None:
-    run = broken_steps(WRONG_CHUNK)
+@pytest.mark.breaks("14-ring-all-reduce", "takes-2n-minus-1-steps-at-4")
+def test_a_ring_that_sends_a_wrong_chunk_breaks_the_schedule(broken) -> None:
+    run = broken(WRONG_CHUNK)
     assert run.reason == "schedule-differs"
     assert run.details["observed"][0][2] == (run.details["expected"][0][2] + 1) % 4
-
-
-@pytest.fixture
-def broken_steps(pool):
-    """The steps claim run with patches, outside the `breaks` fixture (one break-it test per claim is enough
-    for coverage; this is a second way to fail the same claim)."""
-    from checks.ranks.protocol import CheckRequest
-
-    def run(*patches):
-        request = CheckRequest(
-            "checks.guides.g14_ring_all_reduce:takes_2n_minus_1_steps",
-            kwargs={"numel": 1024},
-            world_size=4,
-            patches=patches,
-        )
-        outcome = pool.run(request)
-        assert not outcome.ok
-        return outcome
-
-    return run
 
 
 # -- (4) the naive all-reduce ----------------------------------------------------------------------------------------
@@ -115,25 +96,8 @@ def test_a_naive_all_reduce_that_is_a_ring_does_not_overload_rank_0(broken) -> N
     assert (run.details["observed"], run.details["expected"]) == (6144, 3 * 4096)
 
 
-def test_an_over_padded_ring_is_over_the_bound(broken_steps_naive) -> None:
-    run = broken_steps_naive(OVER_PADDED)
+@pytest.mark.breaks("14-ring-all-reduce", "naive-overloads-rank-0-at-4")
+def test_an_over_padded_ring_is_over_the_bound(broken) -> None:
+    run = broken(OVER_PADDED)
     assert run.reason == "ring-over-bound"
     assert run.details["observed"] == 6144 + 6 * 4
-
-
-@pytest.fixture
-def broken_steps_naive(pool):
-    from checks.ranks.protocol import CheckRequest
-
-    def run(*patches):
-        request = CheckRequest(
-            "checks.guides.g14_ring_all_reduce:naive_overloads_rank_0",
-            kwargs={"numel": 1024},
-            world_size=4,
-            patches=patches,
-        )
-        outcome = pool.run(request)
-        assert not outcome.ok
-        return outcome
-
-    return run
