@@ -85,6 +85,7 @@ class ClaimSpec:
     xfail: ExpectedFailure | None = None  # `xfail = { ... }`: the claim is expected to fail, for ``fails_with``
     property: PropertySpec | None = None  # `property = { draw, examples }`: checked over drawn examples
     torch: SpecifierSet | None = None  # the torch versions this claim describes, inside the guide's
+    backends: tuple[str, ...] = ()  # `backend = "gloo"`: the backends its check is written for (empty: any)
 
     def applies_to(self, torch_version: str | None) -> bool:
         return self.torch is None or version_admitted(self.torch, torch_version)
@@ -213,6 +214,7 @@ class Guide:
             trace=trace,
             patches=patches,
             timeout=claim.timeout,
+            backends=claim.backends,
         )
 
     def applies_to(self, torch_version: str | None) -> bool:

@@ -25,7 +25,9 @@ SYMBOL_RE = re.compile(r"^torch(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.([A-Za-z_]\w*|<l
 ANCHOR_KEYS = ("name", "symbol", "pattern")
 CLAIM_KEYS = (
     "id", "statement", "check", "kwargs", "world_size", "markers", "evidence", "timeout", "xfail", "property", "torch",
+    "backend",
 )  # fmt: skip
+CLAIM_BACKENDS = ("gloo", "nccl")
 PROPERTY_KEYS = ("draw", "examples")
 MAX_EXAMPLES = 1000
 XFAIL_KEYS = ("strict", "reason", "issue", "fails_with")
@@ -163,6 +165,7 @@ def claim_specs(
         if drawn is not None and "example" in kwargs:
             fields.add((*at, "kwargs"), "`example` is the drawn value a property passes", "rename that kwarg")
         versions = _claim_torch(fields, table["torch"], (*at, "torch")) if "torch" in table else None
+        written_for = _claim_backends(fields, table["backend"], (*at, "backend")) if "backend" in table else ()
         if cid is not None and cid in seen:
             fields.add(
                 (*at, "id"),
@@ -186,6 +189,7 @@ def claim_specs(
                     xfail,
                     drawn,
                     versions,
+                    written_for,
                 )
             )
     return found
@@ -246,6 +250,16 @@ def _property(fields: Fields, raw: Any, at: tuple[Any, ...], checks: CheckFinder
         )
         return None
     return PropertySpec(draw, examples) if draw is not None else None
+
+
+def _claim_backends(fields: Fields, raw: Any, at: tuple[Any, ...]) -> tuple[str, ...]:
+    """``backend = "gloo"`` (or a list): a run on another backend is skipped with the reason."""
+    named = [raw] if isinstance(raw, str) else raw
+    if not isinstance(named, list) or not named or not all(b in CLAIM_BACKENDS for b in named):
+        fields.add(at, f"`backend` must name {' or '.join(CLAIM_BACKENDS)}, not {raw!r}",
+                   'write `backend = "gloo"` for a claim about gloo, or remove it')  # fmt: skip
+        return ()
+    return tuple(named)
 
 
 def _claim_torch(fields: Fields, raw: Any, at: tuple[Any, ...]) -> SpecifierSet | None:

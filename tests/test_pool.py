@@ -241,3 +241,13 @@ def test_ranks_die_with_their_parent(tmp_path) -> None:
         assert not [p for p in leftovers if p.exists()], f"orphaned pool directories not swept: {leftovers}"
     finally:
         parent.kill()
+
+
+def test_a_check_written_for_another_backend_is_skipped_with_the_reason(pool) -> None:
+    # A check written for the other backend does not run, and says why (no rank starts for it).
+    used = pool.backend_for(2)
+    other = "nccl" if used == "gloo" else "gloo"
+    outcome = pool.run(CheckRequest("checks.ranks.selftest:identify", backends=(other,)))
+    assert outcome.skipped == f"checks.ranks.selftest:identify is written for {other}; this run uses {used}"
+    assert outcome.results == []
+    assert pool.run(CheckRequest("checks.ranks.selftest:identify", backends=("gloo", "nccl"))).ok

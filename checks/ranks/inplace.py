@@ -14,7 +14,7 @@ import time
 from datetime import timedelta
 
 from checks.ranks.failure import describe
-from checks.ranks.protocol import CheckRequest, CheckRun
+from checks.ranks.protocol import CheckRequest, CheckRun, backend_skip
 
 
 def launched_by_torchrun() -> bool:
@@ -49,6 +49,8 @@ class InPlaceRunner:
         if request.world_size != self.world_size:
             reason = f"torchrun started {self.world_size} ranks; this check is written for {request.world_size}"
             return CheckRun(request, [], skipped=reason)
+        if skip := backend_skip(request, self.backend):
+            return CheckRun(request, [], skipped=skip)
         started = time.monotonic()
         # No pool to rescue a hung rank here: dump every thread's stack and exit, and torchrun stops the job.
         faulthandler.dump_traceback_later(timeout, exit=True, file=sys.stderr)

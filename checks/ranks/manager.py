@@ -10,7 +10,7 @@ from typing import Literal
 from checks.ranks import backend as backends
 from checks.ranks.inplace import InPlaceRunner, launched_by_torchrun
 from checks.ranks.pool import RankPool
-from checks.ranks.protocol import CheckRequest, CheckRun
+from checks.ranks.protocol import CheckRequest, CheckRun, backend_skip
 
 Mode = Literal["persistent", "fresh", "torchrun"]
 MODES: tuple[str, ...] = ("auto", "persistent", "fresh", "torchrun")
@@ -61,7 +61,7 @@ class PoolManager:
                 self._inplace = InPlaceRunner(self.requested_backend)
             return self._inplace.run(request, timeout)
         backend = self.backend_for(request.world_size)
-        reason = backends.unavailable(backend, request.world_size)
+        reason = backend_skip(request, backend) or backends.unavailable(backend, request.world_size)
         if reason:
             return CheckRun(request, [], skipped=reason)
         if self.mode == "fresh":

@@ -38,6 +38,9 @@ class CheckRequest:
     # Collect every probe log the check records, with each record's torch source line (checks.probes.capture):
     # for views of the whole run (``fsdp-readings timeline``); off, probes attribute no lines and cost nothing more.
     capture: bool = False
+    # The backends the check is written for (empty: any). A run on another is skipped, with the reason, rather
+    # than failed: a claim about gloo's wire bytes says nothing about nccl's.
+    backends: tuple[str, ...] = ()
 
 
 @dataclass
@@ -148,3 +151,10 @@ class Ready:
 class Outcome:
     task_id: int
     result: RankResult
+
+
+def backend_skip(request: CheckRequest, backend: str) -> str | None:
+    """Why ``request`` does not run on ``backend`` (it names others), or None."""
+    if not request.backends or backend in request.backends:
+        return None
+    return f"{request.target} is written for {' or '.join(request.backends)}; this run uses {backend}"

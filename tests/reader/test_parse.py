@@ -325,3 +325,14 @@ def test_bad_property_and_claim_torch_fields(checks: CheckFinder, extra: str, me
         guide(anchors=PREFETCH_ANCHOR, claims=CLAIM.replace("timeout = 90", f"timeout = 90\n{extra}")), checks
     )
     assert any(m.startswith(message) for _, m, _ in found), found
+
+
+def test_a_claim_names_the_backends_it_is_written_for(checks: CheckFinder):
+    (claim,) = parse(
+        guide(anchors=PREFETCH_ANCHOR, claims=CLAIM.replace("timeout = 90", 'timeout = 90\nbackend = "gloo"')), checks
+    ).claims
+    assert claim.backends == ("gloo",)
+    found = problems(
+        guide(anchors=PREFETCH_ANCHOR, claims=CLAIM.replace("timeout = 90", 'timeout = 90\nbackend = "mpi"'))
+    )
+    assert (20, "`backend` must name gloo or nccl, not 'mpi'") in {(line, m) for line, m, _ in found}
