@@ -17,7 +17,6 @@ Nothing here asserts a time: times belong to a run's benchmark table, not to a t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,15 +27,6 @@ from checks.ranks.protocol import CheckRequest
 
 SIZES = [1024, 4096, 16384, 65536, 262144, 1048576, 4194304]  # bytes, float32
 FIT: dict[str, float] = {}  # τ and β from test_fit_at_2, reused at N = 4
-
-
-@pytest.fixture(scope="module")
-def warm_pool() -> Iterator[PoolManager]:
-    manager = PoolManager(backend="gloo")
-    for world_size in (2, 4):
-        assert manager.run(CheckRequest("checks.ranks.selftest:trivial", world_size=world_size)).ok
-    yield manager
-    manager.close()
 
 
 def _measure(pool: PoolManager, benchmark: Any, world_size: int, p2p: bool) -> dict[str, Any]:
