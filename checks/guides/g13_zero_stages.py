@@ -415,3 +415,16 @@ def neighbours_range(original: Callable[..., tuple[int, int]]) -> Callable[..., 
         return original(padded, world_size, (rank + 1) % world_size)
 
     return shifted
+
+
+def ddp_without_all_reduce(original: Any, self: Any, *args: Any, **kwargs: Any) -> None:
+    """`DistributedDataParallel.__init__` followed by a communication hook that all-reduces nothing: every rank
+    keeps its own gradient, as if the reducer's bucket all-reduce were missing."""
+    original(self, *args, **kwargs)
+
+    def local_only(state, bucket):  # unannotated: DDP refuses any annotation but dist.GradBucket
+        done: Any = torch.futures.Future()
+        done.set_result(bucket.buffer())
+        return done
+
+    self.register_comm_hook(None, local_only)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from checks.breakit.patches import replacing, returning, set_to, skipping
-from checks.guides.g13_zero_stages import neighbours_range
+from checks.breakit.patches import replacing, returning, set_to, skipping, wrapping
+from checks.guides.g13_zero_stages import ddp_without_all_reduce, neighbours_range
 
 ZRO = "torch.distributed.optim.zero_redundancy_optimizer:ZeroRedundancyOptimizer"
 # A ZeRO-2 that forgets to free: each parameter's full gradient is kept after its group is reduced.
@@ -140,3 +140,12 @@ def test_the_tolerance_still_holds_at_logits_of_30(broken) -> None:
 def test_the_relative_bound_is_checked(broken) -> None:
     run = broken(relative_bound=1e-7)
     assert run.reason == "relative-drift" and run.details["observed"] > 1e-7
+
+
+@pytest.mark.breaks("13-zero-stages", "ddp-vs-one-process-logits")
+def test_a_ddp_that_never_all_reduces_drifts_from_one_process(broken) -> None:
+    # torch bent, not the claim: each rank steps on its own half of the batch, and the logits part from the
+    # smallest scale on (measured: 0.098 at scale 1, four orders above the seeds' 1e-5).
+    run = broken(wrapping("torch.nn.parallel.distributed:DistributedDataParallel.__init__", ddp_without_all_reduce))
+    assert (run.reason, run.details["scale"]) == ("drift-beyond-tolerance", 1)
+    assert run.details["observed"] > 1e-3
