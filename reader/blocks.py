@@ -11,11 +11,18 @@ import io
 import re
 import tokenize
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from reader.body import BodyContext, Fence, register_body_parser
 from reader.errors import Problems, anchor_fix, did_you_mean
 from reader.guide import ExpectBlock, Guide, Note, Region, SourceBlock, block_reference
 from reader.patterns import PatternError, pattern_tokens
+
+# `note "<pattern>" [torch >=2.15]: text`: a note that holds only for some torch versions (a lock approved on a
+# matrix of versions quotes code that differs between them).
+_NOTE_SCOPE = re.compile(r"^\[torch\s+([^\]]+)\]")
 
 
 def source_blocks(fences: Sequence[Fence], context: BodyContext) -> Iterator[SourceBlock]:
@@ -85,7 +92,7 @@ def _notes(content: str, first_line: int, context: BodyContext) -> Iterator[Note
             pending = None
             continue
         if raw[0] in " \t" and pending is not None:  # an indented line continues the note above
-            pending = Note(pending.pattern, f"{pending.text} {raw.strip()}", pending.line)
+            pending = replace(pending, text=f"{pending.text} {raw.strip()}")
             continue
         if pending:
             yield pending
@@ -118,6 +125,18 @@ def _note(raw: str, number: int, context: BodyContext) -> Note | None:
         context.problem(number, f"the note pattern {token.string} is not a plain string", fix)
         return None
     after = rest[token.end[1] :].lstrip()
+    versions: SpecifierSet | None = None
+    if scope := _NOTE_SCOPE.match(after):
+        try:
+            versions = SpecifierSet(scope.group(1))
+        except InvalidSpecifier:
+            context.problem(
+                number,
+                f"`[torch {scope.group(1)}]` is not a PEP 440 version specifier",
+                'scope a note to torch versions as `note "<code pattern>" [torch >=2.15]: <text>`',
+            )
+            return None
+        after = after[scope.end() :].lstrip()
     if not after.startswith(":") or not after[1:].strip():
         context.problem(number, 'a note is `note "<code pattern>": <text>`: missing `:` or text after the pattern', fix)
         return None
@@ -130,7 +149,7 @@ def _note(raw: str, number: int, context: BodyContext) -> Note | None:
             "copy the code exactly from torch's source",
         )
         return None
-    return Note(pattern, after[1:].strip(), number)
+    return Note(pattern, after[1:].strip(), number, versions)
 
 
 register_body_parser("source", source_blocks)

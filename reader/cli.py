@@ -18,14 +18,16 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from reader import estimate_view, layout_view, memory_view
+from reader import estimate_view, layout_view, memory_view, upgrade_gate
 from reader.cli_session import BROKEN, CLEAN, DRIFT, add_common, display, open_session
 from reader.drift import DriftKind
 from reader.guide import Guide
+from reader.lock import check_release
 from reader.progress import Progress, ProgressError
 from reader.render import print_guide
 from reader.report import (
     AnchorRow,
+    anchor_row,
     drift_panel,
     summary,
     write_drift_report,
@@ -80,11 +82,11 @@ def _run_drift(args: argparse.Namespace, console: Console) -> int:
                 )
                 continue
             drift = workspace.drift(guide, anchor)
-            row.anchors.append(AnchorRow(anchor.name, anchor.symbol, "passed" if drift.ok else "failed", drift))
+            row.anchors.append(anchor_row(guide, anchor, "passed" if drift.ok else "failed", drift))
     for guide_row in report.guides:
-        for anchor_row in guide_row.anchors:
-            if anchor_row.outcome == "failed":
-                console.print(drift_panel(guide_row, anchor_row))
+        for found in guide_row.anchors:
+            if found.outcome == "failed":
+                console.print(drift_panel(guide_row, found))
     code = BROKEN if opened.broken else DRIFT if report.drifted else CLEAN
     report.exit_code = code
     console.print(summary(report, claims=False))
@@ -100,6 +102,23 @@ def _run_drift(args: argparse.Namespace, console: Console) -> int:
 
 def _configure_approve(parser: argparse.ArgumentParser) -> None:
     add_common(parser)
+    parser.add_argument(
+        "--matrix",
+        metavar="RELEASES",
+        type=_releases,
+        help="keep the approved sources of these torch releases, comma-separated (e.g. 2.13,2.15), so that every "
+        "leg of a CI matrix passes; stored in the lock. An empty string drops the matrix",
+    )
+
+
+def _releases(text: str) -> tuple[str, ...]:
+    releases = tuple(r.strip() for r in text.split(",") if r.strip())
+    for release in releases:
+        try:
+            check_release(release)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+    return releases
 
 
 def _run_approve(args: argparse.Namespace, console: Console) -> int:
@@ -108,6 +127,11 @@ def _run_approve(args: argparse.Namespace, console: Console) -> int:
         return opened
     workspace, report = opened.workspace, opened.report
     refused = 0
+    if args.matrix is not None:
+        for dropped in workspace.set_matrix(args.matrix):
+            console.print(f"dropped approved source outside the matrix: {dropped}")
+        matrix = ", ".join(workspace.lock.matrix) or "none (the newest approval wins)"
+        console.print(f"torch matrix: {matrix}")
     for guide in opened.guides:
         row = report.guide(guide.id, display(guide.path), guide.title)
         for anchor in guide.anchors:
@@ -115,11 +139,11 @@ def _run_approve(args: argparse.Namespace, console: Console) -> int:
                 approval = workspace.approve(guide, anchor)
             except NotApprovable as exc:
                 refused += 1
-                row.anchors.append(AnchorRow(anchor.name, anchor.symbol, "failed", exc.drift))
+                row.anchors.append(anchor_row(guide, anchor, "failed", exc.drift))
                 console.print(drift_panel(row, row.anchors[-1]))
                 continue
             was = approval.drift.kind
-            row.anchors.append(AnchorRow(anchor.name, anchor.symbol, "approved", approval.drift))
+            row.anchors.append(anchor_row(guide, anchor, "approved", approval.drift))
             report.approved.append(
                 f"{guide.id}/{anchor.name} (was: {was.value}; torch {', '.join(approval.entry.approved_on)})"
             )
@@ -256,6 +280,12 @@ COMMANDS: list[Command] = [
         "memory, communication and cost per strategy, and the budget guard",
         estimate_view.configure,
         estimate_view.run,
+    ),
+    Command(
+        "upgrade-gate",
+        "install other torch releases in venvs of their own and run the guides there, for real; reports per release",
+        upgrade_gate.configure,
+        upgrade_gate.run,
     ),
     Command(
         "timeline",

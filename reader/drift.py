@@ -106,6 +106,8 @@ def classify(
             None,
             current,
         )
+    matrix = approved.sources
+    approved = compared_source(approved, lock, current, current_version)
     diff = unified_diff(approved, current, current_version)
     if (approved.symbol, approved.pattern) != (anchor.symbol, anchor.pattern):
         was = approved.symbol + (f" (pattern `{approved.pattern}`)" if approved.pattern else "")
@@ -129,9 +131,25 @@ def classify(
         kind = DriftKind.SIGNATURE
     else:
         kind = DriftKind.CODE
-    return Drift(
-        guide_id, anchor, kind, EXPLAIN[kind], approved, current, diff=diff if kind is not DriftKind.MOVED else ""
-    )
+    summary = EXPLAIN[kind]
+    if len(matrix) > 1 and not kind.ok:
+        versions = "; ".join(", ".join(s.approved_on) for s in matrix)
+        summary += (
+            f"; this torch ({current_version or '?'}) matches none of the {len(matrix)} sources approved "
+            f"(torch {versions}), compared with torch {', '.join(approved.approved_on)}'s"
+        )
+    return Drift(guide_id, anchor, kind, summary, approved, current, diff=diff if kind is not DriftKind.MOVED else "")
+
+
+def compared_source(approved: LockEntry, lock: Lock, current: Resolution, version: str | None) -> LockEntry:
+    """Of an anchor's approved sources (one per torch version of a matrix), the one this run is judged against:
+    the one whose text it has (exactly, then up to comments and formatting), else the nearest older version's."""
+    sources = approved.sources
+    for same in ("exact", "normalized"):
+        for source in sources:
+            if getattr(lock.approved_fingerprints(source), same) == getattr(current.fingerprints, same):
+                return source
+    return approved.for_version(version)
 
 
 def unified_diff(approved: LockEntry, current: Resolution, current_version: str | None) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from checks.ranks.protocol import CheckRequest, Patch
-from reader.anchors import AnchorError, Resolution
+from reader.anchors import PATTERN_LOST, AnchorError, Resolution
 from reader.guide import ClaimSpec, Guide
 
 if TYPE_CHECKING:
@@ -103,7 +103,21 @@ def traced_request(
     resolutions (to judge the evidence afterwards). Raises `UnresolvedAnchors` when an anchor does not
     resolve."""
     resolutions, failed = workspace.resolutions(guide)
-    if failed:
-        raise UnresolvedAnchors(guide, failed)
+    for name, error in list(failed.items()):
+        # A narrowing pattern (or a note) that no longer lands fails the anchor's own item, but its symbol still
+        # resolves: trace that, so the claims still re-prove the behaviour on this torch.
+        anchor = guide.anchor(name)
+        if error.kind == PATTERN_LOST and anchor.pattern is not None:
+            try:
+                resolutions[name] = workspace.resolver.resolve(anchor.symbol, None)
+            except AnchorError:
+                continue
+            del failed[name]
+    # A removed symbol blocks the claims that name it as evidence (and, without named evidence, those whose guide
+    # has nothing else to trace); the other claims run, traced on the anchors that resolve.
+    named = set(claim.evidence)
+    blocking = {n: e for n, e in failed.items() if n in named} if named else ({} if resolutions else failed)
+    if blocking:
+        raise UnresolvedAnchors(guide, blocking)
     trace = trace_symbols(guide, resolutions)
     return guide.request_for(claim, trace=trace, patches=patches, **overrides), resolutions

@@ -98,6 +98,10 @@ class Note:
     pattern: str
     text: str
     line: int
+    torch: SpecifierSet | None = None  # `note "…" [torch >=2.15]: …`: the torch versions this note holds for
+
+    def applies_to(self, torch_version: str | None) -> bool:
+        return self.torch is None or version_admitted(self.torch, torch_version)
 
 
 @runtime_checkable
@@ -131,6 +135,10 @@ class SourceBlock:
     notes: tuple[Note, ...]
     start: int  # the opening fence line
     end: int  # the closing fence line
+
+    def notes_for(self, torch_version: str | None) -> tuple[Note, ...]:
+        """The notes that hold for this torch: a note scoped to other versions is neither shown nor checked."""
+        return tuple(n for n in self.notes if n.applies_to(torch_version))
 
 
 @dataclass(frozen=True)

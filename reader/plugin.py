@@ -32,8 +32,9 @@ from reader import hookspecs
 from reader.evidence import traced_request
 from reader.guide import ClaimSpec, Guide
 from reader.items import AnchorItem, ClaimItem, GuideFile, GuideItem, is_guide_file
-from reader.report import AnchorRow, ClaimRow, summary, write_drift_report
+from reader.report import ClaimRow, anchor_row, summary, write_drift_report
 from reader.session import SESSION, ReaderSession, session_of
+from reader.verdict import failure_summary
 
 BROKEN_INPUT = 2
 MARKERS = (
@@ -169,9 +170,13 @@ def _record(reader: ReaderSession, item: GuideItem, report: pytest.TestReport) -
     if isinstance(item, AnchorItem):
         if item.approved and report.passed:
             outcome = "approved"
-        row.anchors.append(AnchorRow(item.anchor.name, item.anchor.symbol, outcome, item.drift, message))
+        row.anchors.append(anchor_row(guide, item.anchor, outcome, item.drift, message))
     elif isinstance(item, ClaimItem):
-        row.claims.append(ClaimRow(item.claim.id, item.claim.statement, outcome, message))
+        verdict = reader.findings.verdicts.get((guide.id, item.claim.id))
+        reason = None
+        if outcome == "failed" and verdict is not None and verdict.failure:
+            reason, message = failure_summary(verdict)
+        row.claims.append(ClaimRow(item.claim.id, item.claim.statement, outcome, message, reason, item.claim.line))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -82,14 +82,14 @@ class PinnedNote:
         return "not found ▸" if self.match.count == 0 else f"×{self.match.count} ▸"
 
 
-def pin_notes(block: SourceBlock, found: Resolution, matches: Sequence[NoteMatch]) -> list[PinnedNote]:
+def pin_notes(block_notes: Sequence[Note], found: Resolution, matches: Sequence[NoteMatch]) -> list[PinnedNote]:
     """The block's notes in the order they are shown: pinned ones by line (ties in note order), each placed
     after the last line its pattern covers, but never before a note of an earlier line (so the notes read in
     line order even when a multi-line match encloses the next note's line); then, in note order, the ones
     that land nowhere or in several places."""
     pinned: list[tuple[int, int, Note, NoteMatch, int]] = []
     lost: list[PinnedNote] = []
-    for index, (note, match) in enumerate(zip(block.notes, matches, strict=True)):
+    for index, (note, match) in enumerate(zip(block_notes, matches, strict=True)):
         if match.count != 1:
             lost.append(PinnedNote(note, match, found.end))
             continue
@@ -111,8 +111,9 @@ def source_panel(guide: Guide, block: SourceBlock, workspace: Workspace) -> Rend
     if isinstance(found, AnchorError):
         body = Text(f"{anchor.symbol}\n{found.render()}", style="red")
         return Panel(body, title=Text(anchor.name, style="bold"), border_style="red", title_align="left")
-    matches = workspace.resolver.notes(found, [note.pattern for note in block.notes])
-    notes = pin_notes(block, found, matches)
+    shown_notes = block.notes_for(workspace.torch_version)
+    matches = workspace.resolver.notes(found, [note.pattern for note in shown_notes])
+    notes = pin_notes(shown_notes, found, matches)
     highlighted = {p.match.line for p in notes if p.pinned}
     code = _code(found)
 
@@ -190,7 +191,8 @@ def notes_table(notes: Sequence[PinnedNote]) -> RenderableType:
     table.add_column("line", style="bold cyan", no_wrap=True, justify="right")
     table.add_column("note", ratio=1)
     for pinned in notes:
-        table.add_row(pinned.label, Markdown(pinned.note.text))
+        scope = f"*(torch {pinned.note.torch})* " if pinned.note.torch is not None else ""
+        table.add_row(pinned.label, Markdown(scope + pinned.note.text))
     return Padding(table, (0, 0, 0, 2))
 
 

@@ -112,6 +112,23 @@ def _judge_expected_failure(
     return ClaimVerdict(outcome, expected=expected)
 
 
+def failure_summary(verdict: ClaimVerdict) -> tuple[str, str]:
+    """A failed claim in one line for a report: its reason (the `Violation`'s, ``no-runtime-evidence`` when the
+    check passed without running the anchored code, else the exception type) and the first line of what it
+    found."""
+    outcome = verdict.outcome
+    if outcome is None:
+        reason = "not-run"
+    elif outcome.ok:
+        reason = "no-runtime-evidence"
+    else:
+        reason = outcome.reason or ", ".join(sorted(outcome.error_types)) or "error"
+    lines = (verdict.failure or "").split("\n")
+    header = ("statement:", "check:")  # `claim_header`'s own lines: the report has them elsewhere
+    first = next((line.strip() for line in lines[1:] if line.strip() and not line.strip().startswith(header)), "")
+    return reason, first[:300]
+
+
 def observed_run(verdict: ClaimVerdict) -> Any:
     """What a predict question reads from a run: rank 0's return value; for a claim failing as its xfail
     expects, the details of the `Violation` it failed with (the check's account of what torch did instead)."""

@@ -34,7 +34,11 @@ class NotApprovable(Exception):
 @dataclass(frozen=True)
 class Approval:
     drift: Drift  # what the anchor looked like against the lock before approval
-    entry: LockEntry
+    entry: LockEntry  # the source approved (one of the entry's sources when the lock keeps a matrix)
+
+
+def _with_newline(text: str) -> str:
+    return text if text.endswith("\n") else text + "\n"
 
 
 def _relative(path: Path) -> str:
@@ -105,8 +109,9 @@ class Workspace:
     def note_problems(self, guide: Guide, anchor: AnchorSpec, resolution: Resolution) -> list[str]:
         problems = []
         for block in guide.source_blocks(anchor.name):
-            matches = self.resolver.notes(resolution, [n.pattern for n in block.notes])
-            for note, match in zip(block.notes, matches, strict=True):
+            notes = block.notes_for(self.torch_version)
+            matches = self.resolver.notes(resolution, [n.pattern for n in notes])
+            for note, match in zip(notes, matches, strict=True):
                 if match.count != 1:
                     times = "nowhere" if match.count == 0 else f"{match.count} times"
                     where = f"{self.display(guide.path)}:{note.line}"
@@ -131,12 +136,22 @@ class Workspace:
             lines=(current.start, current.end),
             source=current.text,
             torch_version=self.torch_version,
+            matrix=self.lock.matrix,
         )
         self.lock.put(guide.id, anchor.name, entry)
         self._dirty = True
-        approval = Approval(before, entry)
+        approval = Approval(before, next(s for s in entry.sources if s.source == _with_newline(current.text)))
         self.approvals.append(approval)
         return approval
+
+    def set_matrix(self, releases: tuple[str, ...]) -> list[str]:
+        """Approve on a matrix of torch releases from now on (see ``reader.lock``). Returns the approved
+        sources it dropped because no release of the matrix holds them."""
+        if releases == self.lock.matrix:
+            return []
+        dropped = self.lock.set_matrix(releases)
+        self._dirty = True
+        return dropped
 
     def prune(self, guide: Guide) -> list[str]:
         """Drop lock entries of ``guide`` whose anchors the guide no longer declares. Returns their keys."""

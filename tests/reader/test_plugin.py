@@ -337,6 +337,22 @@ def test_removed_anchor_fails_its_claims_without_a_traceback(project: pytest.Pyt
     assert "Traceback" not in result.stdout.str() and requests(project) == []
 
 
+def test_claims_still_run_when_a_pattern_is_lost_or_an_anchor_they_do_not_name_is_removed(
+    project: pytest.Pytester, installed_tree: TorchTree
+):
+    narrowed = PREFETCH_ANCHOR + 'pattern = "handle._prefetched = True"\n'
+    removed = UNSHARD_ANCHOR.replace("FlatParamHandle.unshard", "FlatParamHandle.unshard_gone")
+    claims = CLAIMS.replace("world_size = 2\n", 'world_size = 2\nevidence = ["prefetch"]\n', 1)
+    write_guide(project, guide(anchors=narrowed + removed, claims=claims))
+    installed_tree.edit(RUNTIME, "handle._prefetched = True", "handle._prefetched = 1")  # the pattern is lost
+    result = project.runpytest("readings", "-k", "claim")
+    # Both claims run: `prefetch` is traced as its whole function, `unshard_gone` is not named or traced.
+    result.assert_outcomes(passed=2)
+    assert [r["trace"] for r in requests(project)] == [["torch.distributed.fsdp._runtime_utils:_prefetch_handle"]] * 2
+    result = project.runpytest("readings", "-k", "anchor")
+    result.assert_outcomes(failed=2)  # the gate still flags both anchors
+
+
 def test_broken_guides_are_collection_errors_and_the_rest_still_run(project: pytest.Pytester):
     write_guide(project, guide(anchors=PREFETCH_ANCHOR))
     write_guide(
@@ -406,8 +422,79 @@ def test_preview_a_wheel_and_write_a_drift_report(project: pytest.Pytester, inst
     assert anchors["limit"]["drift"] == "cosmetic" and anchors["unshard"]["drift"] == "unchanged"
     markdown = (project.path / "drift.md").read_text()
     assert "## fsdp-readings: drift or failed claims" in markdown
-    assert "### `04-forward-prefetch` · anchor `prefetch`: code changed" in markdown and "```diff" in markdown
+    assert "#### code changed (1): the body changed" in markdown and "  ```diff" in markdown
     assert "- `04-forward-prefetch/limit`: cosmetic" in markdown
+
+
+UPGRADE_BODY = """
+# Forward prefetch
+
+```source prefetch
+note "handle._prefetched = True": marks the handle.
+note "if not current_handle:": nothing to prefetch.
+```
+
+```source unshard
+note "self._use_unsharded_flat_param(padded_unsharded_flat_param)": switch the views.
+```
+"""
+
+UPGRADE_CLAIMS = """
+[[claims]]
+id = "order-holds"
+statement = "Forward prefetch follows the order recorded in iteration 1."
+check = "fakechecks.prefetch:forward_order"
+world_size = 2
+evidence = ["prefetch"]
+kwargs = { fake = "ok" }
+
+[[claims]]
+id = "order-breaks"
+statement = "Prefetch happens in the recorded order."
+check = "fakechecks.prefetch:forward_order"
+world_size = 2
+kwargs = { fake = "fail" }
+"""
+
+
+def test_the_upgrade_report_says_what_to_reread_and_what_changed_in_behaviour(
+    project: pytest.Pytester, installed_tree: TorchTree
+):
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR + UNSHARD_ANCHOR, claims=UPGRADE_CLAIMS, body=UPGRADE_BODY))
+    assert project.runpytest("readings", "--approve", "-k", "anchor").ret == 0
+    installed_tree.edit(RUNTIME, "handle._prefetched = True", "handle._prefetched = False")
+    installed_tree.edit("torch/distributed/fsdp/_flat_param.py", "def unshard(self):", "def unshard(self, now=True):")
+    installed_tree.set_version("2.15.0")
+    assert project.runpytest("readings", "--drift-report", "gate.md").ret == 1
+    markdown = (project.path / "gate.md").read_text()
+    lines = markdown.splitlines()
+    text = (project.path / GUIDE).read_text().splitlines()
+    fences = [i + 1 for i, line in enumerate(text) if line.startswith("```source")]
+    notes = [i + 1 for i, line in enumerate(text) if line.startswith("note ")]
+    claim_line = next(i for i, line in enumerate(text) if line == 'id = "order-breaks"')  # its [[claims]]
+    assert "**2 of 2 anchors to re-read** in 1 guide: 1 signature changed, 1 code changed." in markdown
+    assert "**2 claims failed**; 0 of 2 hold, 0 skipped." in markdown
+    reread = lines[lines.index("### What to re-read") + 2]
+    assert reread == (
+        f"- [ ] `04-forward-prefetch`: `prefetch` (code changed), `unshard` (signature changed) — {GUIDE} lines "
+        f"{fences[0]}-{notes[1]}, {fences[1]}-{notes[2]}"
+    )
+    assert f"| `04-forward-prefetch` | `order-breaks` | {GUIDE}:{claim_line} | `prefetch-order` | " in markdown
+    # The guide's section: classes by severity, each anchor with where the guide quotes it and its diff.
+    section = markdown[markdown.index("### `04-forward-prefetch`") :]
+    assert section.index("#### signature changed (1)") < section.index("#### code changed (1)")
+    assert (
+        f"  - the guide: quoted at {GUIDE}:{fences[0]}; notes at lines {notes[0]}-{notes[1]}; "
+        "evidence for claims `order-holds`" in section
+    )
+    assert "  -    handle._prefetched = True\n  +    handle._prefetched = False" in section
+    assert "(torch 2.13.0+cpu) → now `torch/distributed/fsdp/_runtime_utils.py:17-29`" in section
+    assert f"**claim `order-breaks` failed** ({GUIDE}:{claim_line}, reason `prefetch-order`)" in section
+    data = json.loads((project.path / "gate.json").read_text())
+    claims = {c["id"]: c for c in data["guides"][0]["claims"]}
+    assert claims["order-breaks"]["reason"] == "prefetch-order"
+    assert claims["order-holds"]["reason"] == "no-runtime-evidence"
+    assert data["guides"][0]["anchors"][0]["quoted_at"] == [fences[0]]
 
 
 def test_guides_for_other_torch_versions_are_skipped(project: pytest.Pytester):
