@@ -20,8 +20,8 @@ from checks.probes import assert_sequence, record_comm, record_events
 from checks.ranks.context import RankContext
 from checks.violation import Violation, require_equal
 from checks.workloads import toy
-from checks.workloads.gpt import batch
-from mini_gpt import GPT, preset
+from checks.workloads.gpt import batch, fsdp2_gpt
+from mini_gpt import preset
 
 BLOCKS = ("blocks.0", "blocks.1", "blocks.2")
 # Forward order of the inner units implied by each workload's structure; the root runs first and ends last.
@@ -32,20 +32,6 @@ NO_INPUT_GRAD = {"gpt": (), "toy": ("0",)}
 RESHARD: dict[str, bool | None] = {"True": True, "None": None, "False": False}
 _GROUP = "torch.distributed.fsdp._fully_shard._fsdp_param_group:FSDPParamGroup"
 _STATE = "torch.distributed.fsdp._fully_shard._fsdp_state:FSDPState"
-
-
-def fsdp2_gpt(ctx: RankContext, reshard_after_forward: bool | None = True) -> nn.Module:
-    """mini_gpt tiny with ``fully_shard`` on each block, then on the model (the root), on a 1-D cpu/cuda mesh.
-    ``None`` leaves ``reshard_after_forward`` at its default."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    model = GPT(preset("tiny"), seed=0).to(ctx.device)
-    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
-    kwargs = {} if reshard_after_forward is None else {"reshard_after_forward": reshard_after_forward}
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh, **kwargs)
-    return fully_shard(model, mesh=mesh, **kwargs)
 
 
 def _build(ctx: RankContext, workload: str, reshard: bool | None) -> nn.Module:

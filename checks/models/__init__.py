@@ -11,5 +11,7 @@ it), so each model is unit-tested and property-tested in milliseconds.
 - `rate_limiter`: the all-gather rate limiter's queue of free events.
 - `zero_partition`: ZeroRedundancyOptimizer's greedy partition of parameters across ranks.
 - `ring`: bytes each rank sends in ring collectives.
-- `divide_factors`: how FSDP1 splits the mean over N ranks into a divide before and after the reduction.
+- `divide_factors`: how FSDP1 and FSDP2 split the mean over N ranks into a divide before and after the reduction.
+- `fsdp2_precision`: the dtype of each stage of an FSDP2 step under a `MixedPrecisionPolicy`.
+- `fsdp2_reshard`: where FSDP2 reshards each unit after forward, and the all-gathers and bytes that costs.
 """

@@ -1,5 +1,7 @@
 """mini_gpt wrapped the way the guides read it: each block its own FSDP1 unit, the whole model the root.
 
+`fsdp2_gpt` is the same split under FSDP2's ``fully_shard`` (guides 17 and 18).
+
 With the `tiny` preset that is four units: ``root`` (token and position embeddings, the final LayerNorm and the
 tied head) and ``blocks.0``, ``blocks.1``, ``blocks.2``, named as everywhere (`checks.naming`).
 """
@@ -33,6 +35,25 @@ def fsdp1_gpt(
         overrides = block_kwargs[i] if block_kwargs else {}
         model.blocks[i] = FSDP(block, device_id=ctx.device, **{**fsdp_kwargs, **overrides})
     return FSDP(model, device_id=ctx.device, **fsdp_kwargs)
+
+
+def fsdp2_gpt(
+    ctx: RankContext, reshard_after_forward: bool | int | None = True, *, seed: int = 0, **fully_shard_kwargs: Any
+) -> torch.nn.Module:
+    """mini_gpt tiny with ``fully_shard`` on each block, then on the model (the root), on a 1-D mesh of all ranks.
+    ``None`` leaves ``reshard_after_forward`` at its default; ``fully_shard_kwargs`` (``mp_policy``, ...) go to
+    every call."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = GPT(preset("tiny"), seed=seed).to(ctx.device)
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    kwargs = dict(fully_shard_kwargs)
+    if reshard_after_forward is not None:
+        kwargs["reshard_after_forward"] = reshard_after_forward
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, **kwargs)
+    return fully_shard(model, mesh=mesh, **kwargs)
 
 
 def units(model: torch.nn.Module) -> dict[str, FSDP]:
