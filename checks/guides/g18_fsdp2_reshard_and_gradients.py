@@ -409,15 +409,20 @@ def mixed_precision(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
 def _unsharded_grads(model: nn.Module) -> dict[str, Any]:
     """Bytes and dtypes of what waits between micro-batches: the unsharded parameters' gradients and the
     accumulated ones; and how many sharded gradients exist."""
-    held, dtypes, places = 0, set(), set()
+    held, dtypes, places, seen = 0, set(), set(), set()
     for group in groups(model).values():
         for fsdp_param in group.fsdp_params:
             for place, grad in (("unsharded_param.grad", fsdp_param._unsharded_param.grad),
                                 ("unsharded_accumulated_grad", fsdp_param.unsharded_accumulated_grad)):  # fmt: skip
                 if grad is not None:
-                    held += grad.untyped_storage().nbytes()
-                    dtypes.add(str(grad.dtype).removeprefix("torch."))
                     places.add(place)
+                    dtypes.add(str(grad.dtype).removeprefix("torch."))
+                    storage = grad.untyped_storage()
+                    # Each storage once: in 2.15 `unsharded_accumulated_grad` is a property returning the
+                    # unsharded parameter's own `.grad`, so the two places can hold one tensor.
+                    if storage.data_ptr() not in seen:
+                        seen.add(storage.data_ptr())
+                        held += storage.nbytes()
     sharded = sum(p.grad is not None for p in model.parameters())
     return {"bytes": held, "dtypes": sorted(dtypes), "where": sorted(places), "sharded_grads": sharded}
 
@@ -427,7 +432,7 @@ def accumulate_without_sync(ctx: RankContext) -> dict[str, Any]:
     nothing and leaves every parameter's whole unsharded gradient on the rank (|θ| fp32 elements, no sharded
     gradient yet); the second reduce-scatters four times, and the sharded gradients are bitwise DDP's slices of
     the same two micro-batches under ``no_sync``. Under bf16 compute with fp32 reduction the waiting gradient is
-    the model's: fp32, in ``unsharded_accumulated_grad``."""
+    the model's dtype: fp32."""
     fsdp, ddp = fsdp2_gpt(ctx), _ddp_gpt(ctx)
     micro = [batch(ctx, step=0), batch(ctx, step=1)]
     fsdp.set_requires_gradient_sync(False)
@@ -436,10 +441,11 @@ def accumulate_without_sync(ctx: RankContext) -> dict[str, Any]:
         loss.backward()
     waiting = _unsharded_grads(fsdp)
     theta = sum(p.numel() for p in GPT(preset("tiny"), seed=0).parameters())
-    want = {"bytes": 4 * theta, "dtypes": ["float32"], "where": ["unsharded_param.grad"], "sharded_grads": 0}
+    want = {"bytes": 4 * theta, "dtypes": ["float32"], "sharded_grads": 0}
     require_equal(len(first.select("reduce_scatter")), 0, reason="reduced-without-sync", what="backward 1's "
                   "reduce-scatters")  # fmt: skip
-    require_equal(waiting, want, reason="waiting-differs", what="gradients held between micro-batches")
+    held = {k: waiting[k] for k in want}  # `where` is reported, not required (see below)
+    require_equal(held, want, reason="waiting-differs", what="gradients held between micro-batches")
     fsdp.set_requires_gradient_sync(True)
     loss = fsdp(*micro[1])[1]
     with record_comm() as second:
@@ -456,7 +462,9 @@ def accumulate_without_sync(ctx: RankContext) -> dict[str, Any]:
     mixed(*micro[0])[1].backward()
     stage = fsdp2_precision.stages("float32", "bfloat16", "float32")
     waiting_mixed = _unsharded_grads(mixed)
-    expected = {"dtypes": [stage.accumulated], "where": [stage.accumulated_where]}
+    # The dtype is the behaviour; which attribute holds the waiting gradient is torch's bookkeeping (2.13 moves
+    # it to `unsharded_accumulated_grad`, 2.15 keeps it on the parameter), returned but not required.
+    expected = {"dtypes": [stage.accumulated]}
     require_equal({k: waiting_mixed[k] for k in expected}, expected, reason="accumulated-dtype-differs",
                   what="bf16/fp32: the gradient waiting between micro-batches")  # fmt: skip
     return {"waiting": waiting, "waiting_mixed": waiting_mixed, **result}
