@@ -1,8 +1,9 @@
-"""Fixtures the benchmark suites share."""
+"""Fixtures the benchmark suites share, and a summary of the ratios they record."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -18,3 +19,16 @@ def warm_pool() -> Iterator[PoolManager]:
         assert manager.run(CheckRequest("checks.ranks.selftest:trivial", world_size=world_size)).ok
     yield manager
     manager.close()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """pytest-benchmark's table has no column for ``extra_info``, where the ratios are: list them under it."""
+    session = getattr(config, "_benchmarksession", None)
+    rows = [(b.group or "", b.name, b.extra_info) for b in getattr(session, "benchmarks", []) if b.extra_info]
+    if not rows:
+        return
+    terminalreporter.section("benchmark extra_info")
+    width = max(len(name) for _, name, _ in rows)
+    for group, name, info in sorted(rows, key=lambda r: (r[0], r[1])):
+        cells = "  ".join(f"{key}={value}" for key, value in info.items())
+        terminalreporter.write_line(f"{group:16s} {name:{width}s}  {cells}")

@@ -8,12 +8,18 @@ Three lines record one training step::
 or, the same in one line, ``with record_step(model, optim) as step:`` (``step.comm``, ``step.events``,
 ``step.memory``). Every record can be returned from the rank and compared across ranks (``.keys()``).
 
-- `record_comm` (`checks.probes.comm`): every collective at the dispatcher, any API name, C++ callers included,
-  witnessed by the backend's own profiler events (`checks.probes.crosscheck`).
+- `record_comm` (`checks.probes.comm`): every collective at the dispatcher (a kernel at the collective operators'
+  Autograd key), any API name, C++ callers included, witnessed by the backend's own profiler events
+  (`checks.probes.crosscheck`).
 - `record_events` (`checks.probes.events`, `checks.probes.fsdp_hooks`): FSDP1 and FSDP2 unshard / prefetch /
-  reshard / hooks / gradient reduction / final callback, by observing the functions' code objects.
+  reshard / hooks / gradient reduction / final callback, by swapping the observed functions' code for
+  trampolines (`checks.probes.calls`; no trace function).
 - `account_memory` (`checks.probes.memory`, `checks.probes.peaks`): bytes per category from distinct live
-  storages; peaks from torch's memory trackers; CUDA allocator stats on GPU.
+  storages; peaks from torch's memory trackers when asked (``peaks=True``: a dispatch mode, several times the
+  step); CUDA allocator stats on GPU.
+
+What each costs on a step: ``pytest benchmarks/test_probes_overhead.py`` (ratios to a bare step in its
+``extra_info``); where the time goes: ``checks.probes.selftest:mini_gpt_profile`` (cProfile of probed steps).
 - `checks.probes.render`: rich tables for failure messages and the terminal; `checks.probes.expect`: assertions
   that fail with them.
 """

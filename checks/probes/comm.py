@@ -1,14 +1,20 @@
 """Record every collective a rank issues, in call order, at the dispatcher: ``with record_comm() as comm: ...``.
 
-Where it listens: a ``TorchDispatchMode`` that sees the ``c10d::*`` and ``_c10d_functional::*`` operators every
-collective goes through (see `checks.probes.collectives`). That layer is below every Python API name (torch 2.13
-FSDP calls ``dist.all_gather_single`` / ``reduce_scatter_single``, FSDP1 on CPU the list ``dist.all_gather``,
-older code ``all_gather_into_tensor`` / ``_all_gather_base``: all the same operators), below every ``from ... import``
-copy of those names, and it also sees C++ callers: DDP's reducer all-reduces its buckets from C++, through
-``ProcessGroup::allreduce``, which dispatches ``c10d::allreduce_`` like any other caller. Measured on the toy model:
-one ``allreduce_`` of 98 elements per DDP step, recorded with ``api="<C++>"``. That is why this recorder uses a
-dispatch mode and not a DDP comm hook: a hook must be registered before the first backward and replaces the C++
-built-in all-reduce with a Python one, so it observes a different code path than the one a guide reads.
+Where it listens: a Python kernel at the ``Autograd`` dispatch key of every ``c10d::*``, ``_c10d_functional::*``
+and ``_dtensor::*`` collective operator (see `checks.probes.collectives`), registered while a recording is open.
+Most have no autograd formula, so the kernel stands where autograd's fallback would (it records, then runs the
+kernels below autograd, as the fallback does); the few functional collectives that have one keep it, and the
+kernel stands right after it (``ADInplaceOrView``). Every other operator runs untouched: a
+``TorchDispatchMode`` would put every aten operator of the step through Python (about 1.44× on a mini_gpt step for a
+mode that does nothing). That layer is below every Python API name (torch 2.13 FSDP calls ``dist.all_gather_single``
+/ ``reduce_scatter_single``, FSDP1 on CPU the list ``dist.all_gather``, older code ``all_gather_into_tensor`` /
+``_all_gather_base``: all the same operators), below every ``from ... import`` copy of those names, and it also
+sees C++ callers: DDP's reducer all-reduces its buckets from C++, through ``ProcessGroup::allreduce``, which
+dispatches ``c10d::allreduce_`` like any other caller. Measured on the toy model: one ``allreduce_`` of 98 elements
+per DDP step, recorded with ``api="<C++>"``. That is why this recorder does not use a DDP comm hook: a hook must be
+registered before the first backward and replaces the C++ built-in all-reduce with a Python one, so it observes a
+different code path than the one a guide reads. The kernels are process-wide, so collectives issued from other
+threads (a Python thread started in the block, autograd's) are recorded too.
 
 Each record (`Collective`) keeps op kind, operator, dtype, full payload (elements, bytes), ring-model bytes sent
 per rank, group size and ranks, the Python API the caller used (outermost frame in ``distributed_c10d`` or
@@ -21,28 +27,29 @@ captured (`checks.probes.capture`), ``source`` is the line the calling function 
 progress, ``torch/distributed/fsdp/_flat_param.py:<line>``); a collective C++ issued (DDP's buckets) names the
 Python frame that was running then, typically the autograd engine's ``run_backward`` call.
 
-Tensor subclasses (DTensor, funcol's AsyncCollectiveTensor) are let through first, so the collectives their own
-dispatch issues come back through the recorder instead of running inside it unseen.
+A collective issued inside another collective's kernel (a functional collective's own c10d call) is not recorded
+again: the outer operator is the record, as it was for the dispatch mode this replaced.
 
 Blind spots, each caught by the cross-check (`checks.probes.crosscheck`, on by default) rather than missed:
-calls made directly on a backend object (``group._get_backend(device).allreduce``) skip the dispatcher, and
-collectives issued on a Python thread started inside the block (a dispatch mode belongs to the thread that entered
-it; autograd's own threads inherit it). The cross-check needs async collectives to finish inside the block (wait
-before leaving it), and it explains a backend event only by count and size, not by the order of the calls.
+calls made directly on a backend object (``group._get_backend(device).allreduce``) skip the dispatcher, and code
+that runs with the Autograd key excluded skips the kernels: ``torch.inference_mode()``, and a collective issued
+from inside another operator's autograd kernel (a tensor subclass redistributing inside an aten operator's
+dispatch). The cross-check needs async collectives to finish inside the block (wait before leaving it), and it
+explains a backend event only by count and size, not by the order of the calls.
 """
 
 from __future__ import annotations
 
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
 from checks.probes import capture, clock, collectives
 from checks.probes.crosscheck import BackendEvents, CrossCheck, compare
@@ -56,6 +63,7 @@ _API_MODULES = {
 _PLUMBING = (
     "torch._dynamo", "torch._compile", "torch._ops", "torch._library", "torch.distributed.c10d_logger",
     "typing_extensions", "functools", "contextlib", "torch.utils._python_dispatch", "torch.utils._contextlib",
+    "torch.library", "torch.autograd.function",
     "torch.autograd.profiler", "checks.probes.comm", "checks.probes.crosscheck",
 )  # fmt: skip
 _MODE_HANDLERS = frozenset({"__torch_dispatch__", "__torch_function__"})  # other modes and subclasses in between
@@ -175,28 +183,21 @@ class UnrecordedCollectives(AssertionError):
     """The backend ran collectives the recorder did not see (or did not run ones it recorded)."""
 
 
-class _Recorder(TorchDispatchMode):
+class _Recorder:
+    """Turns one intercepted operator call into a `Collective` on its log."""
+
     def __init__(self, log: CommLog) -> None:
-        super().__init__()
         self.log = log
+        self._groups: dict[Any, tuple[Any, tuple[int, tuple[int, ...], str]]] = {}  # by group: (it, its facts)
 
-    def __torch_dispatch__(self, func: Any, types_: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if any(is_traceable_wrapper_subclass_type(t) for t in types_):
-            return NotImplemented  # let DTensor & co. desugar; their inner ops come back here
-        if func.namespace in collectives.NAMESPACES:
-            name = func._schema.name
-            if collectives.is_collective(name):
-                self._record(name, collectives.bind(func, args, kwargs))
-        return func(*args, **(kwargs or {}))
-
-    def _record(self, name: str, bound: dict[str, Any]) -> None:
+    def record(self, name: str, bound: dict[str, Any], issuer: types.FrameType | None) -> None:
         payload = collectives.payload(name, bound)
-        size, ranks, backend = _group(payload.group)
+        size, ranks, backend = self._group(payload.group)
         factor = size if payload.per_rank else 1
         numels = tuple(t.numel() * factor for t in payload.tensors)
         nbytes = sum(t.numel() * t.element_size() * factor for t in payload.tensors)
         dtypes = {str(t.dtype) for t in payload.tensors}
-        api, caller, frame = _attribute(sys._getframe(2), name)
+        api, caller, frame = _attribute(issuer, name)
         kind = payload.kind
         ring = (
             float(payload.sent_bytes_p2p)
@@ -229,6 +230,16 @@ class _Recorder(TorchDispatchMode):
                 source=capture.where(frame) if frame is not None and capture.active() else "",
             )
         )
+
+    def _group(self, group: Any) -> tuple[int, tuple[int, ...], str]:
+        """`_group`, once per group a recording meets (the group is held, so its id stays its own)."""
+        if isinstance(group, torch.ScriptObject):  # a new box every call; the group inside is the same object
+            group = dist.ProcessGroup.unbox(group)
+        key = group if isinstance(group, str) else id(group)
+        cached = self._groups.get(key)
+        if cached is None:
+            cached = self._groups[key] = (group, _group(group))
+        return cached[1]
 
 
 def _group(group: Any) -> tuple[int, tuple[int, ...], str]:
@@ -271,13 +282,83 @@ def _attribute(frame: types.FrameType | None, op_name: str) -> tuple[str, str, t
     return api, caller, frame
 
 
+# -- the interception point: a kernel at the Autograd key of every collective operator ----------------------------
+_active: list[_Recorder] = []  # the open recordings, outermost first; every one records every collective
+_libraries: list[torch.library.Library] = []  # our kernels, registered while a recording is open
+
+
+@cache
+def _collective_ops() -> tuple[tuple[str, torch._ops.OpOverload, str], ...]:
+    """(name, default overload, dispatch key for our kernel) of every dispatcher operator the recorder accounts
+    for, as this torch has them. Most have no autograd formula: ours stands at their Autograd key. A few
+    functional collectives have one (registered from Python when ``_functional_collectives`` is imported; its
+    kernel redispatches to the keys after autograd): ours stands after it, at ADInplaceOrView, so that the
+    formula keeps working."""
+    import torch.distributed._functional_collectives  # registers the ops and their formulas
+
+    out = []
+    for name in sorted(torch._C._dispatch_get_all_op_names()):
+        namespace, _, op = name.partition("::")
+        if collectives.is_collective(name) and "." not in op:
+            keys = {line.split(":")[0].removesuffix("[alias]") for line in torch._C._dispatch_dump(name).splitlines()}
+            key = "ADInplaceOrView" if keys & {"Autograd", "AutogradCPU", "AutogradCUDA"} else "Autograd"
+            out.append((name, getattr(getattr(torch.ops, namespace), op).default, key))
+    return tuple(out)
+
+
+def _kernel(name: str, op: torch._ops.OpOverload, key: str) -> Callable[..., Any]:
+    below = torch._C._AutoDispatchBelowAutograd if key == "Autograd" else torch._C._AutoDispatchBelowADInplaceOrView
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        if _active:
+            bound = collectives.bind(op, args, kwargs)
+            issuer = sys._getframe(1)  # the Python frame running when it was issued (none between: C++ called us)
+            for recorder in _active:
+                recorder.record(name, bound, issuer)
+        # What autograd's fallback does for an operator without a formula: run the kernels below our key;
+        # collectives that kernel issues itself (a functional collective's c10d call) stay inside.
+        with below():
+            return op(*args, **kwargs)
+
+    return kernel
+
+
+def _install() -> None:
+    libraries: dict[str, torch.library.Library] = {}
+    for name, op, key in _collective_ops():
+        namespace, _, short = name.partition("::")
+        if namespace not in libraries:
+            libraries[namespace] = torch.library.Library(namespace, "IMPL")
+        libraries[namespace].impl(short, _kernel(name, op, key), key)
+    _libraries.extend(libraries.values())
+
+
+def _uninstall() -> None:
+    while _libraries:
+        _libraries.pop()._destroy()
+
+
+@contextmanager
+def _intercepting(recorder: _Recorder) -> Iterator[None]:
+    if not _active:
+        _install()
+    _active.append(recorder)
+    try:
+        yield
+    finally:
+        _active.remove(recorder)
+        if not _active:
+            _uninstall()
+
+
 @contextmanager
 def record_comm(*, crosscheck: bool = True) -> Iterator[CommLog]:
     """Record the collectives issued in the block on this rank.
 
     With ``crosscheck`` (the default) the backend's own profiler events are collected too and, when the block
     finishes, every one must be explained by a record and every record by one: otherwise `UnrecordedCollectives`
-    is raised with both lists. The result is kept on ``log.crosscheck``.
+    is raised with both lists. The result is kept on ``log.crosscheck``. Without it, the blind spots of the module
+    docstring (backend objects, code running with the Autograd key excluded) go unnoticed: say so in the claim.
     """
     log = CommLog(
         rank=dist.get_rank() if dist.is_initialized() else 0,
@@ -287,7 +368,7 @@ def record_comm(*, crosscheck: bool = True) -> Iterator[CommLog]:
     if witness is not None:
         witness.__enter__()
     try:
-        with _Recorder(log):
+        with _intercepting(_Recorder(log)):
             yield log
     finally:
         if witness is not None:

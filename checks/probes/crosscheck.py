@@ -214,9 +214,11 @@ class BackendEvents:
             _run_on_profiler_stop()
             result = _disable_profiler()
             for event in result.events():
-                parsed = _parse(event.name(), event.shapes())
-                if parsed is not None:
-                    self.events.append(parsed)
+                name = event.name()
+                if name.partition(":")[0] in BACKENDS:  # shapes are converted only for the few backend events
+                    parsed = _parse(name, event.shapes())
+                    if parsed is not None:
+                        self.events.append(parsed)
 
     @contextlib.contextmanager
     def _public(self) -> Iterator[None]:

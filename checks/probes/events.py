@@ -26,12 +26,13 @@ recorder.
 in `checks.probes.fsdp_hooks`).
 
 How: FSDP1 registers its hooks as ``functools.partial`` objects that hold the functions at wrap time, so patching
-module attributes after wrapping would miss them. The recorder observes the functions' code objects instead,
-through the trace multiplexer of `checks.ranks.tracing` (it coexists with the runtime evidence of ``watch``), and reads
-the frame's arguments (state, handle, param group). Frames whose outcome matters (did this FSDP2 ``unshard`` start
-an all-gather?) are also observed at return. Backward runs on the calling thread while recording
-(``torch.autograd.set_multithreading_enabled(False)``): on GPU, autograd's device threads would otherwise run the
-backward hooks where no Python trace function reaches.
+module attributes after wrapping would miss them. The recorder swaps the functions' code instead
+(`checks.probes.calls`: the function object the partials hold runs a trampoline that calls the hook with its frame,
+then the original code), and reads the frame's arguments (state, handle, param group). No trace function is
+installed, so the rest of the step runs at full speed, and the runtime evidence of ``watch`` (a trace function on
+the original code objects) still sees the original code run. Frames whose outcome matters (did this FSDP2
+``unshard`` start an all-gather?) are also observed at return. Backward runs on the calling thread while
+recording (``torch.autograd.set_multithreading_enabled(False)``) so that events keep one order on GPU too.
 
 Blind spots: FSDP code outside the observed functions (``summon_full_params``, state-dict hooks) records only
 what it does through them; FSDP1 units without parameters (a root with no handle) record no pre-backward event;
@@ -49,10 +50,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from checks.probes import capture, fsdp_hooks
+from checks.probes import calls, capture, fsdp_hooks
 from checks.probes.event_log import EventLog, FsdpEvent
 from checks.probes.recording import Recording
-from checks.ranks import tracing
 
 __all__ = ["EventLog", "FsdpEvent", "RecorderFailed", "record_events"]
 
@@ -69,7 +69,7 @@ def record_events(model: nn.Module | None = None) -> Iterator[EventLog]:
     log = EventLog(rank=rank, world_size=dist.get_world_size() if dist.is_initialized() else 1)
     recording = Recording(model, rank)
     hooks = fsdp_hooks.hook_table(recording)
-    with torch.autograd.set_multithreading_enabled(False), tracing.subscribed(hooks) as subscription:
+    with torch.autograd.set_multithreading_enabled(False), calls.subscribed(hooks) as subscription:
         try:
             yield log
         finally:

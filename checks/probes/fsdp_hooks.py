@@ -29,10 +29,9 @@ from typing import Any
 import torch
 
 from checks.naming import ROOT, unit_name
-from checks.probes import capture, clock
+from checks.probes import calls, capture, clock
+from checks.probes.calls import CallHook, ReturnHook
 from checks.probes.recording import Recording
-from checks.ranks.symbols import code_objects
-from checks.ranks.tracing import CallHook, ReturnHook
 
 _FSDP1 = "torch.distributed.fsdp._runtime_utils"
 _FLAT = "torch.distributed.fsdp._flat_param"
@@ -43,15 +42,12 @@ _COLLECTIVES2 = "torch.distributed.fsdp._fully_shard._fsdp_collectives"
 
 def _code(symbol: str) -> types.CodeType:
     try:
-        codes = code_objects(symbol)
-    except (AttributeError, ImportError, KeyError) as exc:
+        return calls.function_code(symbol)
+    except (AttributeError, ImportError, KeyError, TypeError) as exc:
         raise RuntimeError(
-            f"record_events cannot observe {symbol} in torch {torch.__version__}: {exc}. The FSDP source moved; "
+            f"record_events cannot observe {symbol} in torch {torch.__version__}: {exc!r}. The FSDP source moved; "
             "update checks/probes/fsdp_hooks.py after reading the new code."
         ) from exc
-    if len(codes) != 1:
-        raise RuntimeError(f"record_events expects one code object for {symbol}, found {len(codes)}")
-    return codes[0]
 
 
 _DECORATOR_MODULES = ("torch.utils._contextlib", "torch._dynamo", "torch._compile", "functools", "contextlib")
@@ -59,6 +55,8 @@ _WRAPPER_NAMES = frozenset({"wrapper", "_fn", "inner", "wrapped", "decorate_cont
 
 
 def _is_wrapper(frame: types.FrameType) -> bool:
+    if calls.is_plumbing(frame):  # the call observer's own frames (checks.probes.calls)
+        return True
     module = frame.f_globals.get("__name__", "")
     if module.startswith(_DECORATOR_MODULES):
         return True

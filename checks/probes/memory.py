@@ -82,10 +82,10 @@ class MemorySnapshot:
 
 
 # -- what a model and an optimizer hold ----------------------------------------------------------------------------
-def _fsdp1_tensors(model: nn.Module, names: dict[int, str]) -> Iterator[tuple[str, str, Any]]:
+def _fsdp1_tensors(modules: list[tuple[str, nn.Module]], names: dict[int, str]) -> Iterator[tuple[str, str, Any]]:
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    for fqn, module in model.named_modules():
+    for fqn, module in modules:
         if not isinstance(module, FullyShardedDataParallel) or module._handle is None:
             continue
         flat = module._handle.flat_param
@@ -101,10 +101,10 @@ def _fsdp1_tensors(model: nn.Module, names: dict[int, str]) -> Iterator[tuple[st
         names.setdefault(id(flat), f"fsdp1 {unit} flat param")
 
 
-def _fsdp2_tensors(model: nn.Module) -> Iterator[tuple[str, str, Any]]:
+def _fsdp2_tensors(modules: list[tuple[str, nn.Module]]) -> Iterator[tuple[str, str, Any]]:
     from torch.distributed.fsdp import FSDPModule
 
-    for module in model.modules():
+    for _, module in modules:
         if not isinstance(module, FSDPModule):
             continue
         for group in module._get_fsdp_state()._fsdp_param_groups:
@@ -140,13 +140,29 @@ def _optimizers(optim: torch.optim.Optimizer | None) -> list[torch.optim.Optimiz
     return out
 
 
+def _named_members(modules: list[tuple[str, nn.Module]], attribute: str) -> list[tuple[str, torch.Tensor]]:
+    """What ``named_parameters()`` / ``named_buffers()`` give (each tensor once, under its first name), from a
+    walk of the modules done once: a snapshot needs both, and each walk of a deep model costs."""
+    seen: set[int] = set()
+    out: list[tuple[str, torch.Tensor]] = []
+    for prefix, module in modules:
+        for name, value in getattr(module, attribute).items():
+            if value is None or id(value) in seen:
+                continue
+            seen.add(id(value))
+            out.append((f"{prefix}.{name}" if prefix else name, value))
+    return out
+
+
 def held_tensors(model: nn.Module, optim: torch.optim.Optimizer | None) -> Iterator[tuple[str, str, Any]]:
     """(category, label, value) of every tensor the model and optimizer hold, as the account counts them; a check
     whose implementation holds more (a reference ZeRO's shards and masters) adds its own to these."""
-    names = {id(p): clean(n) for n, p in model.named_parameters()}
-    yield from _fsdp1_tensors(model, names)
-    yield from _fsdp2_tensors(model)
-    parameters = list(model.parameters())
+    modules = list(model.named_modules())
+    named = _named_members(modules, "_parameters")
+    names = {id(p): clean(n) for n, p in named}
+    yield from _fsdp1_tensors(modules, names)
+    yield from _fsdp2_tensors(modules)
+    parameters = [p for _, p in named]
     for p in parameters:
         yield "params", names.get(id(p), "?"), p
     for p in parameters:
@@ -157,7 +173,7 @@ def held_tensors(model: nn.Module, optim: torch.optim.Optimizer | None) -> Itera
                 yield "optim", f"optim {names.get(id(param), '?')} {key}", value
         for bucket in getattr(optimizer, "_buckets", None) or []:  # ZeRO's parameters_as_bucket_view
             yield "params", "zero bucket", bucket
-    for fqn, buffer in model.named_buffers():
+    for fqn, buffer in _named_members(modules, "_buffers"):
         yield "buffers", fqn, buffer
 
 

@@ -3,9 +3,9 @@ post-backward, plus any moments a check marks itself: ``with record_memory_serie
 
 Each point is a `checks.probes.memory.snapshot` (distinct live storages by category, exact bytes), taken when
 ``_post_forward`` or ``_post_backward_hook`` returns, so it shows what that unit's reshard left allocated. The
-points are observed through the shared trace multiplexer (`checks.ranks.tracing`), as `record_events` observes
-FSDP, so the two coexist. What a snapshot cannot see (activations, autograd's saved tensors, allocator slack) it
-does not draw: a peak needs `account_memory`'s trackers.
+points are observed as `record_events` observes FSDP (`checks.probes.calls`: the functions' code is swapped, no
+trace function), so the two coexist. What a snapshot cannot see (activations, autograd's saved tensors, allocator
+slack) it does not draw: a peak needs `account_memory`'s trackers.
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ import torch.distributed as dist
 from torch import nn
 
 from checks.naming import unit_name
+from checks.probes import calls
 from checks.probes.memory import snapshot
-from checks.ranks import tracing
-from checks.ranks.symbols import code_objects
 
 _RU = "torch.distributed.fsdp._runtime_utils"
 
@@ -50,8 +49,8 @@ class _Series:
     def mark(self, moment: str) -> None:
         self.series.points.append((moment, snapshot(self.model, self.optim).by_category))
 
-    def after(self, phase: str, module_of: Any) -> tracing.CallHook:
-        def on_call(frame: types.FrameType) -> tracing.ReturnHook:
+    def after(self, phase: str, module_of: Any) -> calls.CallHook:
+        def on_call(frame: types.FrameType) -> calls.ReturnHook:
             module = module_of(frame.f_locals)
 
             def on_return(frame: types.FrameType, value: Any) -> None:
@@ -68,14 +67,13 @@ def record_memory_series(model: nn.Module, optim: torch.optim.Optimizer | None =
     FSDP1 unit's post-forward and post-backward."""
     series = MemorySeries(rank=dist.get_rank() if dist.is_initialized() else 0)
     recorder = _Series(model, optim, series)
-    hooks: dict[types.CodeType, tracing.CallHook] = {}
+    hooks: dict[types.CodeType, calls.CallHook] = {}
     for symbol, phase, module_of in (
         (f"{_RU}:_post_forward", "forward", lambda local: local["module"]),
         (f"{_RU}:_post_backward_hook", "backward", lambda local: local["handle"]._fully_sharded_module),
     ):
-        (code,) = code_objects(symbol)
-        hooks[code] = recorder.after(phase, module_of)
-    with torch.autograd.set_multithreading_enabled(False), tracing.subscribed(hooks) as subscription:
+        hooks[calls.function_code(symbol)] = recorder.after(phase, module_of)
+    with torch.autograd.set_multithreading_enabled(False), calls.subscribed(hooks) as subscription:
         yield recorder
     if subscription.errors:
         raise RuntimeError(f"the memory series recorder failed: {subscription.errors[0]!r}") from subscription.errors[0]

@@ -82,6 +82,7 @@ class PeakTracker:
         """``unsharded``: returns FSDP1's unsharded flat buffers as they are now (they appear at lazy init)."""
         self.unavailable: str | None = None
         self._running: dict[str, int] = {}
+        self._keys: dict[Any, str] = {}  # torch's category -> ours, as met (after every operator: kept)
         self._notes: list[str] = []
         self._tracker: Any = None
         self._name = ""
@@ -131,9 +132,23 @@ class PeakTracker:
             from torch.distributed._tools.common_utils import get_untyped_storages
             from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 
+            cached: dict[tuple[int, ...], frozenset[int]] = {}
+
             def pinned(t: torch.Tensor) -> bool:
-                keys = {st._cdata for b in unsharded() for st in get_untyped_storages(b)}
-                return bool(keys) and any(st._cdata in keys for st in get_untyped_storages(t))
+                # Called for every tensor every operator touches: the buffers' storage keys are worked out once
+                # per set of buffers (they appear at lazy init, then only resize), and a plain tensor is one
+                # storage.
+                buffers = unsharded()
+                ids = tuple(id(b) for b in buffers)
+                keys = cached.get(ids)
+                if keys is None:
+                    cached.clear()
+                    keys = cached[ids] = frozenset(st._cdata for b in buffers for st in get_untyped_storages(b))
+                if not keys:
+                    return False
+                if type(t) is torch.Tensor or type(t) is nn.Parameter:
+                    return t.untyped_storage()._cdata in keys
+                return any(st._cdata in keys for st in get_untyped_storages(t))
 
             class _Tracker(_GlobalPeakOnly, MemTracker):
                 """MemTracker that files FSDP1's unsharded flat buffers under "Other" whoever reaches them."""
@@ -173,11 +188,14 @@ class PeakTracker:
         return tracker
 
     def _observe(self) -> None:
+        running, keys = self._running, self._keys
         for device_snapshot in self._tracker._curr_mem_snap.values():
             for name, value in device_snapshot.items():
-                key = _key(name)
-                if value > self._running.get(key, 0):
-                    self._running[key] = value
+                key = keys.get(name)
+                if key is None:
+                    key = keys[name] = _key(name)
+                if value > running.get(key, 0):
+                    running[key] = value
 
     def __enter__(self) -> PeakTracker:
         # torch's trackers refuse a second root forward in one block ("multiple iterative calls") because of the

@@ -19,6 +19,7 @@ from torch.distributed import all_gather_single as imported_all_gather_single
 from torch.distributed.distributed_c10d import all_gather_into_tensor as imported_all_gather_into_tensor
 
 from checks.probes import StepRecord, UnrecordedCollectives, record_comm, record_events, record_step, snapshot
+from checks.probes.crosscheck import BackendEvents
 from checks.ranks import tracing
 from checks.ranks.context import RankContext
 from checks.workloads import toy
@@ -117,6 +118,11 @@ def _api_cases(n: int, rank: int) -> dict[str, Callable[[], Any]]:
         mesh = init_device_mesh("cpu", (n,))
         return distribute_tensor(torch.ones(4 * n, 3), mesh, [Shard(0)], src_data_rank=None).full_tensor()
 
+    def funcol_autograd() -> None:  # a collective with an autograd formula, and its backward's collective
+        x = t(4).requires_grad_()
+        funcol.wait_tensor(funcol.all_gather_tensor_autograd(x, 0, dist.group.WORLD)).sum().backward()
+        assert x.grad is not None and x.grad.eq(n).all(), x.grad  # the formula: a reduce-scatter of ones
+
     def async_all_reduce() -> None:
         work = dist.all_reduce(t(6), async_op=True)
         assert work is not None
@@ -148,6 +154,7 @@ def _api_cases(n: int, rank: int) -> dict[str, Callable[[], Any]]:
         "all_gather_object": lambda: dist.all_gather_object([None] * n, rank),
         "funcol all_reduce": lambda: funcol.all_reduce(t(6), "sum", dist.group.WORLD).wait(),
         "funcol all_gather_tensor": lambda: funcol.all_gather_tensor(t(4), 0, dist.group.WORLD).wait(),
+        "funcol all_gather_tensor_autograd": funcol_autograd,
         "funcol reduce_scatter_tensor": lambda: funcol.reduce_scatter_tensor(
             t(2 * n), "sum", 0, dist.group.WORLD
         ).wait(),
@@ -178,8 +185,10 @@ def unwrapped_collective(ctx: RankContext, how: str = "backend") -> str:
     """Issue a collective through a path the recorder does not see and report what `record_comm` said.
 
     ``backend``: a call on the backend object itself (``group._get_backend(device).allreduce``), which never
-    reaches the dispatcher. ``thread``: a collective issued from a Python thread started inside the block (the
-    recorder's dispatch mode belongs to the thread that opened it).
+    reaches the dispatcher. ``inference``: a collective under ``torch.inference_mode()``, which skips the Autograd
+    key where the recorder listens (as code running inside another operator's kernel does). ``thread``: a
+    collective issued from a Python thread started inside the block: no blind spot (the recorder's kernels are
+    process-wide), so this one must come back recorded.
     """
     t = torch.ones(5, device=ctx.device)
     try:
@@ -187,6 +196,9 @@ def unwrapped_collective(ctx: RankContext, how: str = "backend") -> str:
             dist.all_reduce(t)  # a recorded one alongside
             if how == "backend":
                 dist.group.WORLD._get_backend(ctx.device).allreduce([t]).wait()
+            elif how == "inference":
+                with torch.inference_mode():
+                    dist.all_reduce(t)
             elif how == "thread":
                 worker = threading.Thread(target=dist.all_reduce, args=(t,))
                 worker.start()
@@ -260,16 +272,15 @@ def three_lines(ctx: RankContext, kind: str = "fsdp1") -> dict[str, Any]:
 
 
 # -- beyond the toy: mini_gpt --------------------------------------------------------------------------------------
-PROBES = ("none", "comm", "events", "memory", "memory-no-peaks", "all", "all-with-peaks")
+# What the probe-overhead benchmark measures: each probe alone, all three (what `record_step` does by default),
+# and the memory peaks that claims reading a peak opt into.
+PROBES = ("none", "comm", "events", "memory", "memory-with-peaks", "all", "all-with-peaks")
 
 
-def mini_gpt_steps(
-    ctx: RankContext, probe: str = "all", steps: int = 2, backward_prefetch: str = "BACKWARD_PRE"
-) -> dict[str, Any]:
-    """FSDP1 (use_orig_params, one unit per Block, BACKWARD_PRE) over mini_gpt's tiny preset: ``steps`` steps under
-    ``probe``, after one warm-up step. Returns seconds per step and, with probes, what they recorded."""
+def _mini_gpt(ctx: RankContext, backward_prefetch: str) -> tuple[Any, Any, Callable[[], None], dict[str, Any]]:
+    """FSDP1 (use_orig_params, one unit per Block) over mini_gpt's tiny preset, warmed up by one step: the model,
+    its optimizer, a step function and the probe contexts by `PROBES` name."""
     import contextlib
-    import time
 
     from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -301,18 +312,121 @@ def mini_gpt_steps(
         "none": contextlib.nullcontext,
         "comm": record_comm,
         "events": lambda: record_events(model),
-        "memory": lambda: account_memory(model, optim, peaks=True),
-        "memory-no-peaks": lambda: account_memory(model, optim, peaks=False),
+        "memory": lambda: account_memory(model, optim),
+        "memory-with-peaks": lambda: account_memory(model, optim, peaks=True),
         "all": lambda: record_step(model, optim),
         "all-with-peaks": lambda: record_step(model, optim, peaks=True),
+        # parts of a probe, for profiling (`mini_gpt_profile`); not benchmarked
+        "comm-unwitnessed": lambda: record_comm(crosscheck=False),
+        "witness": BackendEvents,
+        # what every claim of `pytest readings/` runs under: the runtime evidence's trace function
+        "watch": lambda: tracing.watch(("torch.distributed.fsdp._runtime_utils:_reshard",)),
     }
-    started = time.perf_counter()
-    with probes[probe]() as recorded:
+    return model, optim, step, {"probes": probes, "config": config}
+
+
+def mini_gpt_steps(
+    ctx: RankContext, probe: str = "all", steps: int = 2, backward_prefetch: str = "BACKWARD_PRE"
+) -> dict[str, Any]:
+    """FSDP1 (use_orig_params, one unit per Block, BACKWARD_PRE) over mini_gpt's tiny preset: ``steps`` steps under
+    ``probe``, after one warm-up step. Returns seconds per step and, with probes, what they recorded."""
+    import time
+
+    from mini_gpt.model import GPT
+
+    _, _, step, built = _mini_gpt(ctx, backward_prefetch)
+    config = built["config"]
+    started, cpu = time.perf_counter(), time.thread_time()
+    with built["probes"][probe]() as recorded:
         for _ in range(steps):
             step()
-    out: dict[str, Any] = {"seconds_per_step": (time.perf_counter() - started) / steps, "n_layer": config.n_layer}
+    out: dict[str, Any] = {
+        "seconds_per_step": (time.perf_counter() - started) / steps,
+        # this thread's CPU time: what the probe itself costs, less exposed to other processes on the machine
+        "cpu_seconds_per_step": (time.thread_time() - cpu) / steps,
+        "n_layer": config.n_layer,
+    }
     if probe.startswith("all"):
         out["step"] = recorded
         reference = list(GPT(config).parameters())  # unwrapped: tied weights once
         out["numel"], out["tensors"] = sum(p.numel() for p in reference), len(reference)
+    return out
+
+
+def mini_gpt_overhead(ctx: RankContext, probe: str = "all", steps: int = 2, rounds: int = 5) -> dict[str, float]:
+    """What ``probe`` costs on `mini_gpt_steps`' workload, as a ratio measured inside one rank run: ``rounds``
+    times, ``steps`` bare steps and ``steps`` steps under the probe (in alternating order), on the same model; the
+    best round of each (the one the machine disturbed least). Wall seconds (what a check waits) and this thread's
+    CPU seconds (what the probe itself spends, less exposed to other processes on a shared machine)."""
+    import contextlib
+    import time
+
+    _, _, step, built = _mini_gpt(ctx, "BACKWARD_PRE")
+    best: dict[str, list[float]] = {"bare": [], "probed": []}
+    cpu: dict[str, list[float]] = {"bare": [], "probed": []}
+    blocks = [("bare", contextlib.nullcontext), ("probed", built["probes"][probe])]
+    for round_ in range(rounds):
+        for kind, context in blocks if round_ % 2 == 0 else blocks[::-1]:  # neither side always goes first
+            dist.barrier()  # both ranks start the block together: no wait for the other's previous block
+            started, cpu_started = time.perf_counter(), time.thread_time()
+            with context():
+                for _ in range(steps):
+                    step()
+            best[kind].append((time.perf_counter() - started) / steps)
+            cpu[kind].append((time.thread_time() - cpu_started) / steps)
+    bare, probed, bare_cpu, probed_cpu = min(best["bare"]), min(best["probed"]), min(cpu["bare"]), min(cpu["probed"])
+    return {
+        "bare_seconds_per_step": bare,
+        "seconds_per_step": probed,
+        "ratio_to_bare": probed / bare,
+        "bare_cpu_seconds_per_step": bare_cpu,
+        "cpu_seconds_per_step": probed_cpu,
+        "cpu_ratio_to_bare": probed_cpu / bare_cpu,
+    }
+
+
+def mini_gpt_profile(ctx: RankContext, probe: str = "all", steps: int = 2, top: int = 25) -> dict[str, Any]:
+    """Where a probed step's time goes: `mini_gpt_steps`' workload timed under ``probe``, then the same steps
+    under cProfile; returns seconds per step (both) and the top ``top`` functions by own time, as text."""
+    import cProfile
+    import io
+    import pstats
+    import time
+
+    _, _, step, built = _mini_gpt(ctx, "BACKWARD_PRE")
+    started = time.perf_counter()
+    with built["probes"][probe]():
+        for _ in range(steps):
+            step()
+    plain = (time.perf_counter() - started) / steps
+    profiler = cProfile.Profile()
+    started = time.perf_counter()
+    profiler.enable()  # around the probe's entry and exit too: what a check pays for the block as a whole
+    with built["probes"][probe]():
+        for _ in range(steps):
+            step()
+    profiler.disable()
+    profiled = (time.perf_counter() - started) / steps
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    return {"seconds_per_step": plain, "profiled": profiled, "stats": text.getvalue()}
+
+
+def probe_block_costs(ctx: RankContext, repeats: int = 20) -> dict[str, float]:
+    """What entering and leaving each probe costs around an empty block on `mini_gpt_steps`' model (the fixed
+    part of a probe's cost, which a short block pays in full): best of ``repeats``, seconds."""
+    import time
+
+    _, _, _, built = _mini_gpt(ctx, "BACKWARD_PRE")
+    out: dict[str, float] = {}
+    for name, probe in built["probes"].items():
+        best = float("inf")
+        for _ in range(repeats):
+            started = time.perf_counter()
+            with probe():
+                pass
+            best = min(best, time.perf_counter() - started)
+        out[name] = best
     return out

@@ -58,7 +58,7 @@ class _LocalTracer:
             self.chained = self.chained(frame, event, arg)
         if event == "return":
             for subscription, hook in self.on_return:
-                _safely(subscription, hook, frame, arg)
+                call_safely(subscription, hook, frame, arg)
         return self
 
 
@@ -119,7 +119,7 @@ class _Multiplexer:
             return chained
         on_return: list[tuple[Subscription, ReturnHook]] = []
         for subscription, hook in hooks:
-            returned = _safely(subscription, hook, frame)
+            returned = call_safely(subscription, hook, frame)
             if returned is not None:
                 on_return.append((subscription, returned))
         if not on_return:
@@ -129,7 +129,9 @@ class _Multiplexer:
         return _LocalTracer(on_return, chained)
 
 
-def _safely(subscription: Subscription, hook: Callable[..., Any], *args: Any) -> Any:
+def call_safely(subscription: Any, hook: Callable[..., Any], *args: Any) -> Any:
+    """Run an observer's hook; a hook that raises is kept on ``subscription.errors`` and not called again (any
+    subscription with ``errors`` and ``broken``: this module's, or `checks.probes.calls`')."""
     if subscription.broken:
         return None
     try:

@@ -40,6 +40,11 @@ def _api_expectations(n: int) -> dict[str, list[tuple[str, int, str]]]:
         "all_gather_object": [("all_gather", n, "all_gather_object"), ("all_gather", obj * n, "all_gather_object")],
         "funcol all_reduce": [("all_reduce", 6, "funcol.all_reduce")],
         "funcol all_gather_tensor": [("all_gather", 4 * n, "funcol.all_gather_tensor")],
+        # an operator with an autograd formula: its forward all-gather, then the reduce-scatter of its backward
+        "funcol all_gather_tensor_autograd": [
+            ("all_gather", 4 * n, "funcol.all_gather_tensor_autograd"),
+            ("reduce_scatter", 4 * n, "funcol.all_gather_into_tensor_backward"),
+        ],
         "funcol reduce_scatter_tensor": [("reduce_scatter", 2 * n, "funcol.reduce_scatter_tensor")],
         "DTensor full_tensor": [("all_gather", 12 * n, "funcol.all_gather_single")],
     }
@@ -123,13 +128,19 @@ def test_ddp_ratio_is_one_and_fsdp1_full_shard_counts_the_kept_root(ranks) -> No
     assert Fraction(fsdp1.ring_bytes()) / (theta() * FP32) == Fraction(3 * theta() - root, 2 * theta())
 
 
-@pytest.mark.parametrize("how", ["backend", "thread"])
+@pytest.mark.parametrize("how", ["backend", "inference"])
 def test_unrecorded_collective_is_caught(ranks, how: str) -> None:
-    """A call on the backend object skips the dispatcher; a Python thread escapes the recorder's dispatch mode.
-    Neither is recorded, and the cross-check must say so (5 elements: the tensor both calls reduce)."""
+    """A call on the backend object skips the dispatcher; ``inference_mode`` skips the Autograd key the recorder's
+    kernels sit at. Neither is recorded, and the cross-check must say so (5 elements: the tensor both reduce)."""
     for message in ranks("unwrapped_collective", how=how):
         assert message.startswith("caught:"), message
         assert "ran but not recorded: gloo:all_reduce (5 elements)" in message
+
+
+def test_collective_from_a_thread_is_recorded(ranks) -> None:
+    """The recorder's kernels are process-wide, so a Python thread started in the block is no blind spot."""
+    for message in ranks("unwrapped_collective", how="thread"):
+        assert message == "missed: recorded 2 collectives and the cross-check passed", message
 
 
 def test_recorder_follows_a_sabotaged_reduce_scatter(ranks) -> None:
