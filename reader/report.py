@@ -206,7 +206,7 @@ def to_markdown(report: SessionReport) -> str:
             rows = [a for a in g.anchors if a.outcome == "failed"]
             names = ", ".join(f"`{a.name}` ({a.kind})" for a in rows)
             lines = sorted({n for a in rows for n in (*a.quoted_at, *a.notes_at)})
-            where = f" — {g.path} lines {_spans(lines)}" if lines else ""
+            where = f" — {g.path} lines {_spans(lines, gap=_READ_TOGETHER)}" if lines else ""
             out.append(f"- [ ] `{g.id}`: {names}{where}")
     if failed:
         out += ["", "### Claims that failed (behaviour changed, or a check too close to the old code)", ""]
@@ -315,11 +315,14 @@ def _anchor_section(g: GuideReport, a: AnchorRow) -> list[str]:
     return out
 
 
-def _spans(lines: list[int]) -> str:
-    """1, 2, 3, 7 → "1-3, 7"."""
+_READ_TOGETHER = 6  # a source block and its notes, or two blocks a few lines apart, are one passage to re-read
+
+
+def _spans(lines: list[int], gap: int = 1) -> str:
+    """1, 2, 3, 7 → "1-3, 7"; lines at most ``gap`` apart join one span."""
     spans: list[list[int]] = []
     for line in sorted(set(lines)):
-        if spans and line == spans[-1][1] + 1:
+        if spans and line <= spans[-1][1] + gap:
             spans[-1][1] = line
         else:
             spans.append([line, line])

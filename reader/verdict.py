@@ -123,6 +123,10 @@ def failure_summary(verdict: ClaimVerdict) -> tuple[str, str]:
         reason = "no-runtime-evidence"
     else:
         reason = outcome.reason or ", ".join(sorted(outcome.error_types)) or "error"
+    failed = outcome.failed if outcome is not None else []
+    found = next((r for r in failed if r.message), None)
+    if found is not None:  # what the check itself said, on the lowest rank that said it
+        return reason, f"rank {found.rank}: {found.message}"[:300]
     lines = (verdict.failure or "").split("\n")
     header = ("statement:", "check:")  # `claim_header`'s own lines: the report has them elsewhere
     first = next((line.strip() for line in lines[1:] if line.strip() and not line.strip().startswith(header)), "")

@@ -477,7 +477,7 @@ def test_the_upgrade_report_says_what_to_reread_and_what_changed_in_behaviour(
     reread = lines[lines.index("### What to re-read") + 2]
     assert reread == (
         f"- [ ] `04-forward-prefetch`: `prefetch` (code changed), `unshard` (signature changed) — {GUIDE} lines "
-        f"{fences[0]}-{notes[1]}, {fences[1]}-{notes[2]}"
+        f"{fences[0]}-{notes[2]}"  # two blocks a few lines apart: one passage
     )
     assert f"| `04-forward-prefetch` | `order-breaks` | {GUIDE}:{claim_line} | `prefetch-order` | " in markdown
     # The guide's section: classes by severity, each anchor with where the guide quotes it and its diff.
