@@ -21,17 +21,12 @@ from rich.text import Text
 from reader import estimate_view, layout_view, memory_view, upgrade_gate
 from reader.cli_session import BROKEN, CLEAN, DRIFT, add_common, display, open_session
 from reader.drift import DriftKind
+from reader.drift_report import write_drift_report
 from reader.guide import Guide
 from reader.lock import check_release
 from reader.progress import Progress, ProgressError
 from reader.render import print_guide
-from reader.report import (
-    AnchorRow,
-    anchor_row,
-    drift_panel,
-    summary,
-    write_drift_report,
-)
+from reader.report import AnchorRow, anchor_row, drift_panel, summary
 from reader.study import (
     configure_check,
     configure_exercise,

@@ -29,10 +29,11 @@ from rich.console import Console
 
 from checks.ranks.protocol import CheckRequest, Patch
 from reader import hookspecs
+from reader.drift_report import write_drift_report
 from reader.evidence import traced_request
 from reader.guide import ClaimSpec, Guide
 from reader.items import AnchorItem, ClaimItem, GuideFile, GuideItem, is_guide_file
-from reader.report import ClaimRow, anchor_row, summary, write_drift_report
+from reader.report import ClaimRow, anchor_row, summary
 from reader.session import SESSION, ReaderSession, session_of
 from reader.verdict import failure_summary
 
