@@ -106,7 +106,7 @@ def classify(
             None,
             current,
         )
-    matrix = approved.sources
+    sources = approved.sources
     approved = compared_source(approved, lock, current, current_version)
     diff = unified_diff(approved, current, current_version)
     if (approved.symbol, approved.pattern) != (anchor.symbol, anchor.pattern):
@@ -132,10 +132,10 @@ def classify(
     else:
         kind = DriftKind.CODE
     summary = EXPLAIN[kind]
-    if len(matrix) > 1 and not kind.ok:
-        versions = "; ".join(", ".join(s.approved_on) for s in matrix)
+    if len(sources) > 1 and not kind.ok:
+        versions = "; ".join(", ".join(s.approved_on) for s in sources)
         summary += (
-            f"; this torch ({current_version or '?'}) matches none of the {len(matrix)} sources approved "
+            f"; this torch ({current_version or '?'}) matches none of the {len(sources)} sources approved "
             f"(torch {versions}), compared with torch {', '.join(approved.approved_on)}'s"
         )
     return Drift(guide_id, anchor, kind, summary, approved, current, diff=diff if kind is not DriftKind.MOVED else "")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from reader.drift import DriftKind
+from reader.drift import EXPLAIN, DriftKind
 from reader.report import AnchorRow, GuideReport, SessionReport, approve_commands, expected_failures
 
 # The order a reviewer meets drift in: what stops a guide from being read at all first, then changed code.
@@ -108,22 +108,12 @@ def _guide_section(g: GuideReport) -> list[str]:
         of_kind = [a for a in rows if a.drift is not None and a.drift.kind is kind]
         if not of_kind:
             continue
-        out += ["", f"#### {kind.value} ({len(of_kind)}): {EXPLAIN_SHORT.get(kind, '')}".rstrip(": ")]
+        out += ["", f"#### {kind.value} ({len(of_kind)}): {EXPLAIN[kind]}"]
         for a in of_kind:
             out += _anchor_section(g, a)
     for c in (c for c in g.claims if c.outcome == "failed"):
         out += ["", f"**claim `{c.id}` failed** ({g.path}:{c.line}, reason `{c.reason or 'error'}`): {c.message}"]
     return out
-
-
-EXPLAIN_SHORT = {
-    DriftKind.REMOVED: "the symbol is gone; rewrite the anchor",
-    DriftKind.PATTERN_LOST: "a pattern or note no longer lands once; repin it",
-    DriftKind.SIGNATURE: "parameters, defaults or bases changed",
-    DriftKind.CODE: "the body changed",
-    DriftKind.ANNOTATIONS: "only type annotations changed",
-    DriftKind.UNAPPROVED: "never approved, or the anchor was edited",
-}
 
 
 def _anchor_section(g: GuideReport, a: AnchorRow) -> list[str]:

@@ -130,7 +130,7 @@ def run_leg(leg: Leg, project: Path, out: Path, extra: list[str], console: Conso
         if subprocess.run(step, cwd=project, check=False).returncode != 0:
             console.print(f"  failed: {' '.join(step)}", markup=False, style="red")
             return BROKEN
-    got = installed_torch(leg)
+    got = installed_torch(leg) if build else installed  # a reused venv was just asked
     if not _same_release(got, leg.release):
         console.print(f"  the venv holds torch {got}, not {leg.release} (a pip constraint?)", markup=False, style="red")
         return BROKEN

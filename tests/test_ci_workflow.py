@@ -6,7 +6,6 @@ the CPU wheel index."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -95,4 +94,3 @@ def test_the_install_step_asks_the_cpu_index_for_the_legs_torch(job: dict[str, A
     script = step(job, "Install torch (CPU wheel) and the project")["run"]
     assert 'pip install "torch==$TORCH" --index-url https://download.pytorch.org/whl/cpu' in script
     assert script.index("torch==") < script.index("-e '.[dev]'")  # torch first: nothing pulls a CUDA build
-    assert shutil.which("bash") is not None

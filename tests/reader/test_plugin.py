@@ -422,7 +422,7 @@ def test_preview_a_wheel_and_write_a_drift_report(project: pytest.Pytester, inst
     assert anchors["limit"]["drift"] == "cosmetic" and anchors["unshard"]["drift"] == "unchanged"
     markdown = (project.path / "drift.md").read_text()
     assert "## fsdp-readings: drift or failed claims" in markdown
-    assert "#### code changed (1): the body changed" in markdown and "  ```diff" in markdown
+    assert "#### code changed (1): the code changed" in markdown and "  ```diff" in markdown
     assert "- `04-forward-prefetch/limit`: cosmetic" in markdown
 
 
