@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from reader.anchors import AnchorError, Resolver
-from reader.drift import classify
-from reader.guide import AnchorSpec
-from reader.index import IndexCache
-from reader.lock import Lock, approve
-from reader.torch_source import TorchSource, open_source
-from reader.workspace import load_all
+from reader.format.guide import AnchorSpec
+from reader.format.parse import load_all
+from reader.gate.drift import classify
+from reader.gate.lock import Lock, approve
+from reader.source.anchors import AnchorError, Resolver
+from reader.source.index import IndexCache
+from reader.source.torch_source import TorchSource, open_source
 
 FSDP = "torch.distributed.fsdp"
 REPRESENTATIVE = (

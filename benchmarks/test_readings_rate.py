@@ -1,6 +1,7 @@
 """How fast ``pytest readings/`` proves claims on a warm pool: every claim of every guide that its items run
-by default (not slow, not GPU-only, for this torch), through the same request path (`reader.evidence.traced_request`,
-`reader.properties.run_claim`), on pools already started for 2 and 4 ranks.
+by default (not slow, not GPU-only, for this torch), through the same request path
+(`reader.claims.request.traced_request`, `reader.claims.properties.run_claim`), on pools already started for 2 and
+4 ranks.
 
     pytest benchmarks/test_readings_rate.py
 
@@ -16,13 +17,14 @@ import pytest
 
 from checks.ranks.manager import PoolManager
 from checks.ranks.protocol import CheckRequest, CheckRun
-from reader.checkref import CheckFinder
-from reader.evidence import traced_request
-from reader.guide import ClaimSpec
-from reader.properties import run_claim
-from reader.torch_source import open_source
-from reader.verdict import fails_as_expected, version_skip
-from reader.workspace import LOCK_NAME, Workspace, load_all
+from reader.claims.properties import run_claim
+from reader.claims.request import traced_request
+from reader.claims.verdict import fails_as_expected, version_skip
+from reader.format.guide import ClaimSpec
+from reader.format.parse import load_all
+from reader.gate.workspace import LOCK_NAME, Workspace
+from reader.source.checkref import CheckFinder
+from reader.source.torch_source import open_source
 
 READINGS = Path(__file__).resolve().parents[1] / "readings"
 

@@ -15,7 +15,7 @@ import torch
 import yaml
 from packaging.version import Version
 
-from reader.lock import Lock, in_matrix
+from reader.gate.lock import Lock, in_matrix
 from tests.reader.reader_support import make_tree
 
 REPO = Path(__file__).resolve().parents[1]

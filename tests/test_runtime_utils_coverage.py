@@ -14,8 +14,8 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from reader.parse import load_guide, looks_like_guide
-from reader.torch_source import open_source
+from reader.format.parse import load_guide, looks_like_guide
+from reader.source.torch_source import open_source
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = "torch.distributed.fsdp._runtime_utils"

@@ -56,7 +56,7 @@ def _torch_parent() -> str:
 
 def relative(filename: str) -> str:
     """A file as the guides cite it: relative to the directory holding ``torch/`` (``torch/distributed/...``),
-    the same convention as `reader.anchors.Resolution.relpath`; a file outside it stays absolute."""
+    the same convention as `reader.source.anchors.Resolution.relpath`; a file outside it stays absolute."""
     parent = _torch_parent()
     absolute = os.path.abspath(filename)  # noqa: PTH100
     if absolute.startswith(parent + os.sep):

@@ -2,7 +2,7 @@
 
 A claim that still passes with the behaviour it asserts removed proves nothing. Every test here is marked
 ``@pytest.mark.breaks(guide_id, claim_id)``; `test_coverage.py` fails if a claim of any guide has no such test.
-The claim runs through the same request path as its pytest item (`reader.plugin.claim_request`), and a test
+The claim runs through the same request path as its pytest item (`reader.pytest_plugin.hooks.claim_request`), and a test
 asserts *why* it failed on the structured result (``run.reason``, ``run.details``, ``run.error_types``), not on
 rendered text.
 
@@ -22,11 +22,11 @@ import pytest
 
 from checks.ranks.manager import PoolManager
 from checks.ranks.protocol import CheckRun, Patch
-from reader.guide import Guide
-from reader.parse import load_guide, looks_like_guide
-from reader.plugin import claim_request
-from reader.properties import run_claim
-from reader.verdict import fails_as_expected
+from reader.claims.properties import run_claim
+from reader.claims.verdict import fails_as_expected
+from reader.format.guide import Guide
+from reader.format.parse import load_guide, looks_like_guide
+from reader.pytest_plugin.hooks import claim_request
 
 READINGS = Path(__file__).resolve().parents[2] / "readings"
 

@@ -74,7 +74,7 @@ def test_no_reduction_at_all_is_caught(broken) -> None:
 
 def test_a_lost_post_divide_cannot_show_on_2_ranks(pool, request) -> None:
     # The guide says so: at N=2 the post-divide factor is 1 and _div_if_needed skips it. The claim still passes.
-    from reader.plugin import claim_request
+    from reader.pytest_plugin.hooks import claim_request
     from tests.break_it.conftest import guides
 
     guide = guides()["08-post-backward-reduce-scatter"]

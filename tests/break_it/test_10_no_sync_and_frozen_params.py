@@ -95,7 +95,7 @@ def test_gradient_views_are_what_keeps_the_accumulation(broken) -> None:
 def test_reducing_inside_no_sync_gives_the_same_gradient(pool, request) -> None:
     # The guide says so: no_sync trades memory for communication, not values. Reduced every micro-batch, the shards
     # accumulate in _saved_grad_shard (guide 08) to the same gradient, and the claim still passes.
-    from reader.plugin import claim_request
+    from reader.pytest_plugin.hooks import claim_request
     from tests.break_it.conftest import guides
 
     guide = guides()[GUIDE]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from checks.breakit.exercises import Exercise, exercises_of
-from reader.guide import Guide
-from reader.plugin import claim_request
+from reader.format.guide import Guide
+from reader.pytest_plugin.hooks import claim_request
 from tests.break_it.conftest import guides
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from reader import torch_source
-from reader.body import BODY_PARSERS, register_body_parser
-from reader.index import IndexCache
+from reader.format.body import BODY_PARSERS, register_body_parser
+from reader.source import torch_source
+from reader.source.index import IndexCache
 from tests.reader.reader_support import TorchTree, make_tree, quiz_blocks
 
 

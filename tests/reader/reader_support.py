@@ -12,8 +12,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from reader.body import BodyContext, Fence
-from reader.torch_source import DirSource
+from reader.format.body import BodyContext, Fence
+from reader.source.torch_source import DirSource
 
 RUNTIME_UTILS = '''\
 """A synthetic stand-in for torch/distributed/fsdp/_runtime_utils.py."""

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from reader.body import BODY_PARSERS, BodyContext, Fence, register_body_parser
-from reader.errors import GuideError
-from reader.guide import ExpectBlock, Prose, SourceBlock
-from reader.parse import parse_guide
+from reader.format.body import BODY_PARSERS, BodyContext, Fence, register_body_parser
+from reader.format.errors import GuideError
+from reader.format.guide import ExpectBlock, Prose, SourceBlock
+from reader.format.parse import parse_guide
 from tests.reader.reader_support import PREFETCH_ANCHOR, Quiz, guide, quiz_blocks
 
 BODY = """

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from reader.cli import build_parser, main
+from reader.commands.app import build_parser, main
 from tests.reader.reader_support import PREFETCH_ANCHOR, UNSHARD_ANCHOR, TorchTree, guide
 
 RUNTIME = "torch/distributed/fsdp/_runtime_utils.py"

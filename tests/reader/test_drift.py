@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from reader.drift import DriftKind
-from reader.guide import Guide
-from reader.index import IndexCache
-from reader.lock import Lock
-from reader.parse import parse_guide
-from reader.workspace import NotApprovable, Workspace
+from reader.format.guide import Guide
+from reader.format.parse import parse_guide
+from reader.gate.drift import DriftKind
+from reader.gate.lock import Lock
+from reader.gate.workspace import NotApprovable, Workspace
+from reader.source.index import IndexCache
 from tests.reader.reader_support import LIMIT_ANCHOR, PREFETCH_ANCHOR, UNSHARD_ANCHOR, TorchTree, guide
 
 RUNTIME = "torch/distributed/fsdp/_runtime_utils.py"

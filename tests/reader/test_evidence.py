@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from checks.ranks.protocol import CheckRequest
-from reader.evidence import NEVER_RAN, evidence_symbols, missing_evidence, trace_symbols
-from reader.index import IndexCache
-from reader.parse import parse_guide
-from reader.runner import PoolRunner, RankPoolUnavailable
-from reader.workspace import Workspace
+from reader.claims.evidence import NEVER_RAN, evidence_symbols, missing_evidence, trace_symbols
+from reader.format.parse import parse_guide
+from reader.gate.workspace import Workspace
+from reader.pytest_plugin.runner import PoolRunner, RankPoolUnavailable
+from reader.source.index import IndexCache
 from tests.reader.reader_support import LIMIT_ANCHOR, PREFETCH_ANCHOR, UNSHARD_ANCHOR, TorchTree, guide
 
 NESTED = """

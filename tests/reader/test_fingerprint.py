@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from reader.fingerprint import SnippetSyntaxError, fingerprint, normalize, parse_snippet
+from reader.source.fingerprint import SnippetSyntaxError, fingerprint, normalize, parse_snippet
 
 CORPUS = [
     textwrap.dedent('''\

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from reader.index import IndexCache, ParseFailure, build_index
+from reader.source.index import IndexCache, ParseFailure, build_index
 from tests.reader.reader_support import FLAT_PARAM, RUNTIME_UTILS
 
 TRICKY = '''\

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reader.fingerprint import ALGORITHM, Fingerprints, fingerprint
-from reader.lock import Lock, LockEntry, LockError, approve
+from reader.gate.lock import Lock, LockEntry, LockError, approve
+from reader.source.fingerprint import ALGORITHM, Fingerprints, fingerprint
 
 SOURCE = "def f(x):\n    return x + 1  # one\n"
 

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from reader.cli import main
-from reader.drift import Drift, DriftKind
-from reader.guide import Guide
-from reader.index import IndexCache
-from reader.lock import Lock, LockError
-from reader.parse import parse_guide
-from reader.workspace import Workspace
+from reader.commands.app import main
+from reader.format.guide import Guide
+from reader.format.parse import parse_guide
+from reader.gate.drift import Drift, DriftKind
+from reader.gate.lock import Lock, LockError
+from reader.gate.workspace import Workspace
+from reader.source.index import IndexCache
 from tests.reader.reader_support import PREFETCH_ANCHOR, UNSHARD_ANCHOR, TorchTree, guide, make_tree
 
 RUNTIME = "torch/distributed/fsdp/_runtime_utils.py"

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from reader.checkref import CheckFinder
-from reader.errors import GuideError
-from reader.guide import Prose, SourceBlock
-from reader.parse import looks_like_guide, parse_guide
+from reader.format.errors import GuideError
+from reader.format.guide import Prose, SourceBlock
+from reader.format.parse import looks_like_guide, parse_guide
+from reader.source.checkref import CheckFinder
 from tests.reader.reader_support import PREFETCH_ANCHOR, UNSHARD_ANCHOR, guide
 
 CLAIM = """

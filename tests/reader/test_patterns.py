@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reader.patterns import PatternError, enclosing_statement, find, pattern_tokens
+from reader.source.patterns import PatternError, enclosing_statement, find, pattern_tokens
 
 METHOD = """\
     # leading comment

@@ -236,8 +236,8 @@ import pickle
 from pathlib import Path
 
 from checks.ranks.protocol import Patch
-from reader.parse import load_guide
-from reader.plugin import claim_request
+from reader.format.parse import load_guide
+from reader.pytest_plugin.hooks import claim_request
 
 
 def test_build(pytestconfig):

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from reader.errors import GuideError
-from reader.parse import parse_guide
-from reader.predict import NotObserved, PredictQuestion, agrees, observed, parse_answer
+from reader.format.errors import GuideError
+from reader.format.parse import parse_guide
+from reader.format.predict import NotObserved, PredictQuestion, agrees, observed, parse_answer
 from tests.reader.reader_support import PREFETCH_ANCHOR, guide
 
 CLAIM = """

@@ -6,10 +6,10 @@ import io
 import re
 from pathlib import Path
 
-from reader.cli import main, make_console
-from reader.parse import parse_guide
-from reader.render import print_guide
-from reader.workspace import Workspace
+from reader.commands.app import main, make_console
+from reader.format.parse import parse_guide
+from reader.gate.workspace import Workspace
+from reader.views.guide import print_guide
 from tests.reader.reader_support import LIMIT_ANCHOR, PREFETCH_ANCHOR, TorchTree, guide, make_tree
 
 BODY = """

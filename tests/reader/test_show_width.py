@@ -19,12 +19,13 @@ import pytest
 import torch
 from markdown_it import MarkdownIt
 
-from reader.anchors import AnchorError, Resolution
-from reader.checkref import CheckFinder
-from reader.cli import main, make_console
-from reader.guide import Guide, Prose, SourceBlock
-from reader.torch_source import open_source
-from reader.workspace import LOCK_NAME, Workspace, load_all
+from reader.commands.app import main, make_console
+from reader.format.guide import Guide, Prose, SourceBlock
+from reader.format.parse import load_all
+from reader.gate.workspace import LOCK_NAME, Workspace
+from reader.source.anchors import AnchorError, Resolution
+from reader.source.checkref import CheckFinder
+from reader.source.torch_source import open_source
 
 READINGS = Path(__file__).resolve().parents[2] / "readings"
 GUIDE_IDS = sorted(path.stem for path in READINGS.glob("[0-9][0-9]-*.md"))

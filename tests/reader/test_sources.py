@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from reader.anchors import Resolver
-from reader.index import IndexCache
-from reader.torch_source import DirSource, SourceError, WheelSource, installed_root, open_source
+from reader.source.anchors import Resolver
+from reader.source.index import IndexCache
+from reader.source.torch_source import DirSource, SourceError, WheelSource, installed_root, open_source
 from tests.reader.reader_support import TorchTree
 
 SYMBOL = "torch.distributed.fsdp._flat_param:FlatParamHandle.unshard"

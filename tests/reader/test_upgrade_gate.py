@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from reader.cli import main
-from reader.upgrade_gate import Leg, commands, plan, summarize
+from reader.commands.app import main
+from reader.gate.upgrade_gate import Leg, commands, plan, summarize
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -16,8 +16,8 @@ from rich.console import Console
 from checks.breakit.patches import set_to, wrapping
 from checks.guides.g09_no_shard_is_ddp import reduce_also_over_replicas
 from checks.ranks.manager import PoolManager
-from reader.cli import build_parser, make_console
-from reader.parse import load_guide
+from reader.commands.app import build_parser, make_console
+from reader.format.parse import load_guide
 
 REPO = Path(__file__).resolve().parents[2]
 READINGS = REPO / "readings"

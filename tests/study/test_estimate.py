@@ -14,23 +14,23 @@ from pathlib import Path
 import pytest
 
 from checks.models.cost import STRATEGIES, Plan, estimate, rank_memory
-from reader import estimate_view
-from reader.cli import make_console
+from reader.commands import estimate as estimate_command
+from reader.commands.app import make_console
 
 ANSI = re.compile(r"\x1b\[")
 
 
 def parser() -> argparse.ArgumentParser:
-    """The command's parser as ``fsdp-readings estimate`` builds it (reader.cli registers configure/run)."""
+    """The command's parser as ``fsdp-readings estimate`` builds it (reader.commands.app registers configure/run)."""
     parser = argparse.ArgumentParser(prog="fsdp-readings estimate")
-    estimate_view.configure(parser)
+    estimate_command.configure(parser)
     return parser
 
 
 def run(argv: list[str], width: int = 80) -> tuple[int, str]:
     args = parser().parse_args(argv)
     console = make_console(record=True, width=width, force_terminal=False, color_system=None)
-    code = estimate_view.run(args, console)
+    code = estimate_command.run(args, console)
     return code, console.export_text()
 
 
@@ -168,7 +168,7 @@ def test_a_users_module_is_built_on_meta_with_its_units(user_models: str) -> Non
     assert code == 0, doc
     # root: Linear(10, 20) = 220; unit "2": Linear(20, 30) + Linear(30, 5) = 630 + 155.
     assert doc["model"]["units"] == {"root": 220, "2": 785} and doc["model"]["psi"] == 1005
-    params = estimate_view.load_module(f"{user_models}:mlp", ["2"]).params
+    params = estimate_command.load_module(f"{user_models}:mlp", ["2"]).params
     assert doc["strategies"]["full-shard"]["total_bytes"] == int(estimate(Plan(params, 2, "full-shard")).memory.total)
 
 
@@ -187,15 +187,15 @@ def test_a_module_that_cannot_be_built_on_meta_exits_2(user_models: str, name: s
 
 
 def test_units_match_per_dotted_component() -> None:
-    assert estimate_view.unit_of("blocks.0.attn.qkv.weight", ["blocks.*"]) == "blocks.0"
-    assert estimate_view.unit_of("blocks.0.attn.qkv.weight", ["blocks.*", "blocks.*.attn"]) == "blocks.0.attn"
-    assert estimate_view.unit_of("tok_emb.weight", ["blocks.*"]) == "root"
+    assert estimate_command.unit_of("blocks.0.attn.qkv.weight", ["blocks.*"]) == "blocks.0"
+    assert estimate_command.unit_of("blocks.0.attn.qkv.weight", ["blocks.*", "blocks.*.attn"]) == "blocks.0.attn"
+    assert estimate_command.unit_of("tok_emb.weight", ["blocks.*"]) == "root"
 
 
 def test_mini_gpt_is_wrapped_as_guide_13_wraps_it() -> None:
     from checks.guides.g13_zero_stages import parameters_of_tiny
 
-    assert estimate_view.load_module("mini_gpt:tiny", None).params == tuple(parameters_of_tiny())
+    assert estimate_command.load_module("mini_gpt:tiny", None).params == tuple(parameters_of_tiny())
 
 
 def test_every_help_has_examples(capsys: pytest.CaptureFixture[str]) -> None:
@@ -213,7 +213,7 @@ def test_the_estimate_is_what_guide_13_measures_on_mini_gpt(pool) -> None:
 
     result = pool.run(CheckRequest("checks.guides.g13_zero_stages:memory_per_rank", world_size=2))
     measured = result.values()
-    params = estimate_view.load_module("mini_gpt:tiny", None).params
+    params = estimate_command.load_module("mini_gpt:tiny", None).params
     code, doc = run_json(["--model", "mini_gpt:tiny", "-n", "2"])
     assert code == 0
     for strategy, rule in STRATEGIES.items():

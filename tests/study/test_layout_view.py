@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from checks.breakit.patches import returning
 from checks.ranks.manager import PoolManager
-from reader.parse import load_guide
+from reader.format.parse import load_guide
 from tests.study.test_commands import ANSI, READINGS, run
 
 GUIDE = "12-flat-parameter"

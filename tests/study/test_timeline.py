@@ -14,12 +14,12 @@ import torch
 from checks.breakit.patches import wrapping
 from checks.guides.g04_forward_prefetch import prefetch_two_ahead
 from checks.ranks.manager import PoolManager
-from reader.checkref import CheckFinder
-from reader.cli import build_parser, make_console
-from reader.lanes import Span, rows
-from reader.parse import load_guide
-from reader.torch_source import open_source
-from reader.workspace import LOCK_NAME, Workspace
+from reader.commands.app import build_parser, make_console
+from reader.format.parse import load_guide
+from reader.gate.workspace import LOCK_NAME, Workspace
+from reader.source.checkref import CheckFinder
+from reader.source.torch_source import open_source
+from reader.views.lanes import Span, rows
 
 REPO = Path(__file__).resolve().parents[2]
 READINGS = REPO / "readings"

@@ -1,0 +1,112 @@
+"""``fsdp-readings``: the reading guides from the terminal.
+
+Each subcommand is a ``Command`` (name, help, how to configure its parser, how to run it) in ``COMMANDS``;
+adding one (list, show, check, predict, timeline) means writing its two functions and appending it there. Exit
+codes match the pytest plugin: 0 clean, 1 drift (or something that could not be approved), 2 broken input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from reader.commands import check, estimate, exercise, guides, layout, memory, predict, timeline
+from reader.gate import upgrade_gate
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, Console], int]
+
+
+COMMANDS: list[Command] = [
+    Command("list", "the guides, in reading order", guides.configure_list, guides.run_list),
+    Command(
+        "show",
+        "a guide with its torch source quoted live and its notes pinned to the lines",
+        guides.configure_show,
+        guides.run_show,
+    ),
+    Command(
+        "drift",
+        "compare the guides' anchors with the approved source (exit 0 clean, 1 drift, 2 broken)",
+        guides.configure_drift,
+        guides.run_drift,
+    ),
+    Command(
+        "approve",
+        "record the anchors' current torch source as approved, after you re-read the guides",
+        guides.configure_approve,
+        guides.run_approve,
+    ),
+    Command("check", "run a guide's claims on the rank pool", check.configure, check.run),
+    Command(
+        "predict", "answer a guide's predict questions, each revealed by a real run", predict.configure, predict.run
+    ),
+    Command(
+        "exercise", "name the claim a break-it patch makes fail, then watch it fail", exercise.configure, exercise.run
+    ),
+    Command("memory", "bytes held per category over a step, from a real run", memory.configure, memory.run),
+    Command("layout", "a real flat parameter across ranks, as a claim's run read it", layout.configure, layout.run),
+    Command(
+        "estimate",
+        "memory, communication and cost per strategy, and the budget guard",
+        estimate.configure,
+        estimate.run,
+    ),
+    Command(
+        "upgrade-gate",
+        "install other torch releases in venvs of their own and run the guides there, for real; reports per release",
+        upgrade_gate.configure,
+        upgrade_gate.run,
+    ),
+    Command(
+        "timeline",
+        "a claim's FSDP events and collectives in issue order, each with the torch line that issued it",
+        timeline.configure,
+        timeline.run,
+    ),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fsdp-readings", description="Reading guides over PyTorch FSDP's source.")
+    parser.add_argument(
+        "--readings",
+        type=Path,
+        default=Path("readings"),
+        metavar="DIR",
+        help="directory holding the guides and anchors.lock (default: ./readings)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        sub = commands.add_parser(command.name, help=command.help, description=command.help)
+        command.configure(sub)
+        sub.set_defaults(run=command.run)
+    return parser
+
+
+def make_console(**options: Any) -> Console:
+    """The console every command prints to (``options`` override, e.g. a file and a width in tests).
+    soft_wrap: long paths and commands are printed whole, for copy-paste and CI logs; ``show`` prints its
+    guide word-wrapped regardless (`reader.views.guide.print_guide`). Not a terminal (piped, redirected): no
+    colour and no escape codes, at the width in ``$COLUMNS`` or 80."""
+    return Console(**{"highlight": False, "soft_wrap": True, **options})
+
+
+def main(argv: Sequence[str] | None = None, console: Console | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.run(args, console if console is not None else make_console()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,457 @@
+"""``fsdp-readings estimate``: memory per GPU by category, bytes and seconds of communication per step, and the
+cost of a run, for every data-parallel strategy, from `checks.models.cost`; ``--seeds`` prints the seeds' figures
+recomputed (`checks.models.seed_figures`); ``--budget`` refuses a plan over budget (exit 1), with the arithmetic.
+
+The model is a parameter count (``7B``) or a real ``nn.Module`` built on the meta device (no memory, no RNG):
+``--model mini_gpt:grammar`` (a preset, wrapped root + one unit per block as the guides wrap it) or
+``--model package.module:callable`` (any callable returning a module; ``--units`` names the submodules that
+become FSDP units). Per-module sizes give the exact per-rank bytes guide 13 measured, padding included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import importlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from checks.models import cost
+from checks.models.cost import PRECISIONS, STRATEGIES, Estimate, Link, Plan, PlanError
+from checks.models.seed_figures import figure_1, figures, zero_table
+from checks.models.zero_memory import Param
+from checks.naming import ROOT, clean
+from reader.commands.session import BROKEN, CLEAN, DRIFT
+
+EXAMPLES = """examples:
+  fsdp-readings estimate 7B --world-size 8                      # every strategy, fp32 Adam
+  fsdp-readings estimate 7B -n 8 --precision mixed --strategy zero1 --strategy zero2
+  fsdp-readings estimate --model mini_gpt:grammar -n 4          # per-module sizes, padding included
+  fsdp-readings estimate --model mypkg.models:build --units 'layers.*' -n 16 --nodes 2 --bandwidth-gbps 200
+  fsdp-readings estimate 500k -n 2 --price-per-gpu-hour 0.35 --hours 3 --budget 3.00   # exit 1 if over
+  fsdp-readings estimate --seeds                                # the seeds' figures and the ZeRO paper's Figure 1
+  fsdp-readings estimate 7B -n 8 --json
+
+bytes are decimal (1 GB = 10^9 B); memory is what a GPU holds between steps (activations and the all-gathered
+unit come on top); communication time is the ring's 2(N-1)·τ + bytes·β per collective, summed, not overlapped.
+exit: 0 ok, 1 over budget, 2 bad input"""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EXAMPLES
+    parser.add_argument("params", nargs="?", metavar="PARAMS", help="a parameter count: 7B, 7e9, 500k, 7000000000")
+    parser.add_argument("--model", metavar="MODULE:CALLABLE", help="mini_gpt:PRESET, or a callable returning a module")
+    parser.add_argument(
+        "--units",
+        action="append",
+        metavar="PATTERN",
+        default=None,
+        help="submodules that become units, per dotted component ('blocks.*'); repeatable; "
+        "default for mini_gpt: blocks.*, otherwise the root alone",
+    )
+    parser.add_argument("-n", "--world-size", type=int, default=8, metavar="N", help="GPUs (default: 8)")
+    parser.add_argument("--nodes", type=int, default=1, help="nodes the GPUs are spread over (default: 1)")
+    parser.add_argument(
+        "--strategy",
+        action="append",
+        metavar="NAME",
+        default=None,
+        help=f"repeatable; default: all of {', '.join(STRATEGIES)}",
+    )
+    parser.add_argument("--precision", default="fp32", metavar="P", help=f"{' or '.join(PRECISIONS)} (default fp32)")
+    parser.add_argument(
+        "--optimizer-bytes",
+        metavar="K",
+        default=None,
+        help="optimizer bytes per parameter, master copy included (default: AdamW, 8; 12 mixed)",
+    )
+    parser.add_argument(
+        "--bandwidth-gbps",
+        default="100",
+        metavar="G",
+        help="the link the ring crosses between nodes (or the only one), Gbit/s (default 100)",
+    )
+    parser.add_argument("--latency-us", default="5", metavar="T", help="its per-step latency τ, µs (default 5)")
+    parser.add_argument("--intra-bandwidth-gbps", default=None, metavar="G", help="inside a node, if different")
+    parser.add_argument("--intra-latency-us", default="0", metavar="T", help="inside a node (default 0)")
+    parser.add_argument("--price-per-gpu-hour", default=None, metavar="P", help="dollars per GPU-hour")
+    parser.add_argument("--hours", default=None, metavar="H", help="hours the job runs, setup included")
+    parser.add_argument("--budget", default=None, metavar="B", help="ceiling in dollars: over it, exit 1")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument("--seeds", action="store_true", help="the seeds' figures, recomputed, and Figure 1")
+
+
+class InputError(Exception):
+    """Bad input: printed as it is, exit 2."""
+
+
+# -- the model, from a count or from a module built on meta -----------------------------------------------------------
+@dataclass(frozen=True)
+class Model:
+    params: int | tuple[Param, ...]
+    description: str
+
+
+def unit_of(name: str, patterns: Sequence[str]) -> str:
+    """The deepest module prefix of parameter ``name`` matching a pattern, component by component ('blocks.*'
+    matches blocks.0, not blocks.0.attn); ROOT when none does."""
+    parts = name.split(".")[:-1]
+    for depth in range(len(parts), 0, -1):
+        prefix = parts[:depth]
+        for pattern in patterns:
+            pieces = pattern.split(".")
+            if len(pieces) == depth and all(fnmatch.fnmatchcase(p, q) for p, q in zip(prefix, pieces, strict=True)):
+                return ".".join(prefix)
+    return ROOT
+
+
+def load_module(spec: str, patterns: Sequence[str] | None) -> Model:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise InputError(f"--model takes MODULE:CALLABLE (or mini_gpt:PRESET), not {spec!r}")
+    import torch
+    from torch import nn
+
+    if module_name == "mini_gpt":
+        from mini_gpt import GPT, PRESETS, preset
+
+        if attr not in PRESETS:
+            raise InputError(f"mini_gpt has no preset {attr!r}; choose one of: {', '.join(PRESETS)}")
+        build: Any = lambda: GPT(preset(attr))  # noqa: E731
+        patterns = ["blocks.*"] if patterns is None else patterns
+    else:
+        try:
+            build = getattr(importlib.import_module(module_name), attr)
+        except ImportError as exc:
+            raise InputError(f"cannot import {module_name!r} ({exc}); is it on PYTHONPATH?") from None
+        except AttributeError:
+            raise InputError(f"{module_name} has no {attr!r}; name a callable that returns an nn.Module") from None
+        if not callable(build):
+            raise InputError(f"{spec} is not callable; name a function or class that returns an nn.Module")
+    try:
+        with torch.device("meta"):
+            model = build()
+    except Exception as exc:
+        raise InputError(
+            f"{spec} cannot be built on the meta device: {type(exc).__name__}: {exc}; build it without "
+            "reading tensor values (no .item(), no data-dependent init) and without device="
+        ) from None
+    if not isinstance(model, nn.Module):
+        raise InputError(f"{spec} returned {type(model).__name__}, not an nn.Module")
+    named = list(model.named_parameters())  # a tied weight once, in its first owner
+    off_meta = [n for n, p in named if p.device.type != "meta"]
+    if off_meta:
+        raise InputError(
+            f"{spec} built {off_meta[0]} on {named[0][1].device}, not the meta device: create its "
+            "parameters from the default device (no device=, no .to())"
+        )
+    patterns = list(patterns or [])
+    params = tuple(Param(unit_of(clean(n), patterns), clean(n), tuple(p.shape)) for n, p in named)
+    return Model(params, spec)
+
+
+def model_of(args: argparse.Namespace) -> Model:
+    if args.params is not None and args.model is not None:
+        raise InputError("give a parameter count or --model, not both")
+    if args.model is not None:
+        return load_module(args.model, args.units)
+    if args.params is None:
+        raise InputError("give a parameter count (e.g. 7B), --model mini_gpt:grammar, or --seeds")
+    count = cost.parse_count(args.params)
+    return Model(count, "a parameter count")
+
+
+def plans(args: argparse.Namespace, model: Model) -> list[Plan]:
+    names = [cost.strategy_name(s) for s in args.strategy] if args.strategy else list(STRATEGIES)
+    link = Link.gbps(args.bandwidth_gbps, args.latency_us)
+    intra = Link.gbps(args.intra_bandwidth_gbps, args.intra_latency_us) if args.intra_bandwidth_gbps else None
+    k = cost.exact(args.optimizer_bytes, "--optimizer-bytes") if args.optimizer_bytes is not None else None
+    price = cost.exact(args.price_per_gpu_hour, "--price-per-gpu-hour") if args.price_per_gpu_hour else None
+    hours = cost.exact(args.hours, "--hours") if args.hours else None
+    if args.budget is not None and (price is None or hours is None):
+        raise InputError("--budget needs --price-per-gpu-hour and --hours")
+    return [
+        Plan(
+            model.params,
+            args.world_size,
+            name,
+            nodes=args.nodes,
+            precision=args.precision,
+            optimizer_bytes=k,
+            link=link,
+            intra_link=intra,
+            price_per_gpu_hour=price,
+            hours=hours,
+        )
+        for name in names
+    ]
+
+
+# -- run --------------------------------------------------------------------------------------------------------------
+def run(args: argparse.Namespace, console: Console) -> int:
+    out: dict[str, Any] = {}
+    try:
+        if args.seeds:
+            out["seeds"] = seeds_json()
+            if not args.json:
+                print_seeds(console)
+            if args.params is None and args.model is None:
+                return _finish(args, console, out, CLEAN)
+        model = model_of(args)
+        estimates = [cost.estimate(plan) for plan in plans(args, model)]
+        verdict = cost.budget(estimates[0].plan, args.budget) if args.budget is not None else None
+    except (InputError, PlanError) as exc:
+        console.print(Text.assemble(("error: ", "bold red"), str(exc)), soft_wrap=False)
+        return BROKEN
+    code = CLEAN if verdict is None or verdict.ok else DRIFT
+    out.update(estimates_json(model, estimates, verdict))
+    if not args.json:
+        print_estimates(console, model, estimates, verdict)
+    return _finish(args, console, out, code)
+
+
+def _finish(args: argparse.Namespace, console: Console, out: dict[str, Any], code: int) -> int:
+    if args.json:
+        console.print(json.dumps(out, indent=2, ensure_ascii=False), markup=False, highlight=False, soft_wrap=True)
+    return code
+
+
+# -- tables ---------------------------------------------------------------------------------------------------------
+def print_estimates(console: Console, model: Model, estimates: list[Estimate], verdict: cost.Budget | None) -> None:
+    plan = estimates[0].plan
+    link = plan.ring_link
+    header = (
+        f"{model.description}: Ψ = {plan.psi:,} · {plan.world_size} GPUs on {plan.nodes} "
+        f"node{'s' if plan.nodes != 1 else ''} · {plan.precision} · ring link "
+        f"{cost.number(link.bandwidth * 8 / 10**9)} Gbps, τ {cost.human_seconds(link.latency)}"
+    )
+    console.print(Text(header, style="bold"), soft_wrap=False)
+    if isinstance(plan.params, tuple):
+        console.print(units_table(plan.params), soft_wrap=False)
+    console.print(memory_table(estimates), soft_wrap=False)
+    console.print(comm_table(estimates), soft_wrap=False)
+    exact = isinstance(plan.params, tuple)
+    console.print(
+        Text(
+            "per module: zero_memory's exact per-rank bytes (padding, AdamW step scalars), on the fullest rank"
+            if exact
+            else "a parameter count: the closed form (no padding, no step scalars); --model gives the exact bytes",
+            style="dim",
+        ),
+        soft_wrap=False,
+    )
+    if estimates[0].cost is not None:
+        if verdict is not None:
+            style = "green" if verdict.ok else "bold red"
+            console.print(Text.assemble(("budget: ", style), verdict.arithmetic()), soft_wrap=False)
+        else:
+            c = estimates[0].cost
+            console.print(
+                f"cost: {plan.world_size} GPUs × {cost.dollars(plan.price_per_gpu_hour)}/GPU-hour × "  # type: ignore[arg-type]
+                f"{cost.number(plan.hours)} h = {cost.dollars(c)}",
+                soft_wrap=False,
+            )  # type: ignore[arg-type]
+
+
+def units_table(params: tuple[Param, ...]) -> Table:
+    table = Table(title="units (per-module sizes, built on meta)", title_justify="left")
+    table.add_column("unit", overflow="fold")
+    for column in ("tensors", "elements", "fp32"):
+        table.add_column(column, justify="right", no_wrap=True)
+    from checks.models.zero_memory import units
+
+    for unit, members in units(params).items():
+        numel = sum(p.numel for p in members)
+        table.add_row(unit, str(len(members)), f"{numel:,}", cost.human_bytes(4 * numel))
+    return table
+
+
+def memory_table(estimates: list[Estimate]) -> Table:
+    table = Table(
+        title="memory per GPU between steps (optim: the K bytes, an fp32 master included)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
+    table.add_column("strategy", no_wrap=True)
+    for column in ("params", "grads", "optim", "total", "× DDP"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for e in estimates:
+        m = e.memory.by_category
+        table.add_row(
+            e.plan.strategy,
+            cost.human_bytes(m["params"]),
+            cost.human_bytes(m["grads"]),
+            cost.human_bytes(m["optim"] + m["master"]),
+            Text(cost.human_bytes(e.memory.total), style="bold"),
+            _ratio(e.of_ddp),
+        )
+    return table
+
+
+def comm_table(estimates: list[Estimate]) -> Table:
+    table = Table(title="communication per step (ring model, per rank)", title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("strategy", no_wrap=True)
+    for column in ("collectives", "sent", "latency", "time"):
+        table.add_column(column, justify="right", no_wrap=column != "collectives")
+    for e in estimates:
+        ops = e.comm.volume.by_op()
+        short = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "broadcast": "BC"}
+        table.add_row(
+            e.plan.strategy,
+            " ".join(f"{v['count']}{short[k]}" for k, v in ops.items()),
+            cost.human_bytes(e.comm.ring_bytes),
+            cost.human_seconds(e.comm.latency),
+            Text(cost.human_seconds(e.comm.time), style="bold"),
+        )
+    return table
+
+
+def _ratio(value: Fraction) -> str:
+    return cost.number(value) if (value * 10**5).denominator == 1 else f"≈{float(value):.4f}"
+
+
+def print_seeds(console: Console) -> None:
+    table = Table(
+        title="the seeds' figures: what the seed says (in its convention), the exact value in that "
+        "convention, and the corrected or other-convention value",
+        title_justify="left",
+        show_lines=True,
+        box=box.SIMPLE_HEAD,
+        expand=True,
+    )
+    table.add_column("seed", no_wrap=True)
+    table.add_column("figure", overflow="fold", ratio=3)
+    table.add_column("seed says · its convention", overflow="fold", ratio=3)
+    table.add_column("exact", justify="right", no_wrap=True)
+    table.add_column("corrected · convention", overflow="fold", ratio=3)
+    for f in figures():
+        table.add_row(
+            f.seed,
+            Text.assemble((f.quantity, "bold"), (f"\n{f.note}" if f.note else "", "dim")),
+            Text.assemble((f.seed_says, "bold"), f"\n{f.convention}"),
+            Text.assemble(f"{_value(f.exact, f.unit)}\n", (f.verdict, _VERDICT[f.verdict])),
+            Text.assemble((_value(f.corrected, f.unit), "bold"), f"\n{f.corrected_convention}"),
+        )
+    console.print(table, soft_wrap=False)
+    zero = Table(
+        title="seed 002's table: 7B on 8 GPUs, GB per GPU · fp32 Adam (4+4+8) | mixed (2+2+12)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
+    zero.add_column("stage", no_wrap=True)
+    for column in ("params", "grads", "optim", "total", "| params", "grads", "optim", "total"):
+        zero.add_column(column, justify="right", no_wrap=True)
+    for name, fp32, mixed in zero_table():
+        cells = []
+        for by in (fp32, mixed):
+            cells += [
+                cost.number(by["params"]),
+                cost.number(by["grads"]),
+                cost.number(by["optim"] + by["master"]),
+                cost.number(sum(by.values())),
+            ]
+        zero.add_row(name, *cells)
+    console.print(zero, soft_wrap=False)
+    fig = Table(
+        title="ZeRO paper, Figure 1: Ψ = 7.5B, K = 12, N = 64, GB per GPU", title_justify="left", box=box.SIMPLE_HEAD
+    )
+    for column in ("stage", "paper", "exact"):
+        fig.add_column(column, justify="right" if column != "stage" else "left", no_wrap=True)
+    for name, said, value in figure_1():
+        fig.add_row(name, said, f"{cost.number(value)} GB")
+    console.print(fig, soft_wrap=False)
+
+
+def _value(value: Fraction, unit: str) -> str:
+    return cost.dollars(value) if unit == "$" else f"{cost.number(value)} {unit}"
+
+
+_VERDICT = {"exact": "green", "rounded": "yellow", "differs": "red"}
+
+
+# -- JSON -------------------------------------------------------------------------------------------------------------
+def num(value: Fraction | int) -> int | float:
+    value = Fraction(value)
+    return int(value) if value.denominator == 1 else float(value)
+
+
+def seeds_json() -> dict[str, Any]:
+    return {
+        "figures": [
+            {
+                "seed": f.seed,
+                "quantity": f.quantity,
+                "seed_says": f.seed_says,
+                "convention": f.convention,
+                "exact": num(f.exact),
+                "verdict": f.verdict,
+                "corrected": num(f.corrected),
+                "corrected_convention": f.corrected_convention,
+                "unit": f.unit,
+                "note": f.note,
+            }
+            for f in figures()
+        ],
+        "zero_table_gb": {
+            name: {"fp32": {c: num(v) for c, v in fp32.items()}, "mixed": {c: num(v) for c, v in mixed.items()}}
+            for name, fp32, mixed in zero_table()
+        },
+        "figure_1_gb": {name: {"paper": said, "exact": num(value)} for name, said, value in figure_1()},
+    }
+
+
+def estimates_json(model: Model, estimates: list[Estimate], verdict: cost.Budget | None) -> dict[str, Any]:
+    plan = estimates[0].plan
+    out: dict[str, Any] = {
+        "model": {"description": model.description, "psi": plan.psi, "per_module": isinstance(plan.params, tuple)},
+        "plan": {
+            "world_size": plan.world_size,
+            "nodes": plan.nodes,
+            "precision": plan.precision,
+            "ring_link": {
+                "bandwidth_bytes_per_s": num(plan.ring_link.bandwidth),
+                "latency_s": num(plan.ring_link.latency),
+            },
+        },
+        "strategies": {},
+    }
+    if isinstance(plan.params, tuple):
+        from checks.models.zero_memory import units
+
+        out["model"]["units"] = {u: sum(p.numel for p in m) for u, m in units(plan.params).items()}
+    for e in estimates:
+        out["strategies"][e.plan.strategy] = {
+            "label": e.plan.rule.label,
+            "memory_bytes": {c: num(v) for c, v in e.memory.by_category.items()},
+            "total_bytes": num(e.memory.total),
+            "padding_bytes": e.memory.padding,
+            "rank": e.memory.rank,
+            "of_ddp": num(e.of_ddp),
+            "comm": {
+                "collectives": e.comm.volume.by_op(),
+                "logical_bytes": e.comm.volume.logical,
+                "ring_bytes_per_rank": num(e.comm.ring_bytes),
+                "time_s": num(e.comm.time),
+                "latency_s": num(e.comm.latency),
+            },
+        }
+    if estimates[0].cost is not None:
+        out["cost_dollars"] = num(estimates[0].cost)
+    if verdict is not None:
+        out["budget"] = {
+            "ceiling": num(verdict.ceiling),
+            "cost": num(verdict.cost),
+            "left": num(verdict.left),
+            "ok": verdict.ok,
+            "arithmetic": verdict.arithmetic(),
+        }
+    return out

@@ -1,0 +1,125 @@
+"""``fsdp-readings exercise GUIDE``: a break-it patch of the guide's own check module, the question which claim
+it breaks, then the guide's claims run with the patch to show which fail, and why."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.markdown import Markdown
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from reader.claims.progress import Progress as Scores
+from reader.claims.progress import ProgressError
+from reader.claims.verdict import ClaimVerdict
+from reader.commands.answers import prompt, read_answers
+from reader.commands.runner import FAILED, claim_runner, one_guide, pool_options
+from reader.commands.session import BROKEN, CLEAN
+
+EXAMPLES = """examples:
+  fsdp-readings exercise 04-forward-prefetch                each puzzle: read the patch, name the claim it breaks
+  fsdp-readings exercise 04-forward-prefetch two-ahead      one exercise
+  fsdp-readings exercise 04-forward-prefetch --answers mine.toml   (exercise id = "claim id or letter")
+
+the patched claim then runs on the rank pool and shows its failure; results are kept with the predict scores"""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EXAMPLES
+    parser.add_argument("guide", metavar="GUIDE", help="a guide id, e.g. 04-forward-prefetch")
+    parser.add_argument("exercises", nargs="*", metavar="EXERCISE", help="exercise ids (default: all)")
+    parser.add_argument("--answers", type=Path, default=None, metavar="FILE", help="answers as TOML or JSON")
+    pool_options(parser)
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    from checks.breakit.exercises import exercises_of  # imports the guide's check module (and torch)
+
+    opened = one_guide(args, console)
+    if isinstance(opened, int):
+        return opened
+    session, guide = opened
+    modules = sorted({claim.check.split(":")[0] for claim in guide.claims})
+    available = [exercise for module in modules for exercise in exercises_of(module)]
+    known = [e.id for e in available]
+    unknown = [e for e in args.exercises if e not in known]
+    if not available or unknown:
+        what = f"no exercise {', '.join(unknown)}" if unknown else "no exercises"
+        console.print(f"[red]{guide.id} has {what}[/] (exercises: {', '.join(known) or 'none'})")
+        return BROKEN
+    chosen = [e for e in available if not args.exercises or e.id in args.exercises]
+    answers = read_answers(args.answers, [e.id for e in chosen], "exercise", console) if args.answers else None
+    if args.answers and answers is None:
+        return BROKEN
+    try:
+        scores = Scores()
+    except ProgressError as exc:
+        console.print(f"[red]{exc}[/]")
+        return BROKEN
+    claims = [c.id for c in guide.claims]
+    surprises = 0
+    with claim_runner(session, args) as runner:
+        for number, exercise in enumerate(chosen, start=1):
+            console.print(_puzzle(exercise, claims, number, len(chosen)), soft_wrap=False)
+            given = answers[exercise.id] if answers is not None else prompt(console)
+            guessed = _claim_named(given, claims)
+            status = console.status("running the guide's claims with the patch…", spinner="dots")
+            with runner.patched(exercise.patches), status:
+                quick = [claim for claim in guide.claims if "slow" not in claim.markers]
+                verdicts = {claim.id: runner.verdict(guide, claim) for claim in quick}
+            failing = [cid for cid, v in verdicts.items() if v.failure]
+            main = verdicts[exercise.claim]
+            reason = main.outcome.reason if main.outcome is not None else None
+            surprises += int(main.failure is None or reason != exercise.reason)
+            solution = _solution(exercise, given, guessed, failing=failing, main=main, reason=reason)
+            console.print(solution, soft_wrap=False)
+            seen = f"failing: {', '.join(failing) or 'none'}"
+            scores.record_exercise(guide.id, exercise.id, given, guessed in failing, seen)
+    scores.save()
+    right, tried = scores.score(guide.id, "exercises")
+    console.print(f"exercises: {right}/{tried} on {guide.id}")
+    return FAILED if surprises else CLEAN
+
+
+def _claim_named(given: str, claims: list[str]) -> str | None:
+    """A claim id, or its letter in the listed choices."""
+    text = given.strip().lower().rstrip(").")
+    letters = {chr(ord("a") + i): claim for i, claim in enumerate(claims)}
+    return letters.get(text, given.strip() if given.strip() in claims else None)
+
+
+def _puzzle(exercise: Any, claims: list[str], number: int, total: int) -> Panel:
+    targets = ", ".join(dict.fromkeys(p.target.replace(":", ".") for p in exercise.patches))
+    parts: list[Any] = [
+        Markdown(exercise.puzzle),
+        Text.assemble(("patched: ", "dim"), (targets, "dim"), overflow="fold"),
+        Text("Which claim of this guide fails, and why?"),
+    ]
+    parts += [Text(f"  {chr(ord('a') + i)}) {claim}") for i, claim in enumerate(claims)]
+    return Panel(Group(*parts), title=f"exercise {number}/{total} · {exercise.id}", title_align="left")
+
+
+def _solution(
+    exercise: Any, given: str, guessed: str | None, *, failing: list[str], main: ClaimVerdict, reason: str | None
+) -> Table:
+    """Right when the guessed claim is among those the patch makes fail; the exercise's own claim shows why."""
+    table = Table(show_header=False, box=None, expand=True, pad_edge=False)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(ratio=1, overflow="fold")
+    mark = ("right", "green") if guessed in failing else ("not quite", "red")
+    table.add_row("you", Text.assemble(given or "(no answer)", "  ", mark))
+    table.add_row("failing", Text(", ".join(failing) or "none", style="cyan"))
+    if main.failure is None:
+        table.add_row("warning", Text(f"{exercise.claim} still passed: the exercise is stale", style="red"))
+        return table
+    first = next((r.message for r in main.outcome.failed if r.message), "") if main.outcome else ""
+    table.add_row("why", Text(f"{exercise.claim}: reason `{reason}`", style="cyan"))
+    table.add_row("message", Text(first.splitlines()[0] if first else main.failure.splitlines()[0]))
+    if reason != exercise.reason:
+        table.add_row("warning", Text(f"expected reason `{exercise.reason}`", style="red"))
+    return table

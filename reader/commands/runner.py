@@ -1,0 +1,142 @@
+"""How the study commands run claims: one pool manager per command, and the claims and rank they ask for.
+
+Claims run exactly as ``pytest readings/`` runs them: the one verdict (`reader.claims.verdict.decide`: the same
+request, the same judgement), on a `checks.ranks.manager.PoolManager` of this process, started on first use.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+
+from checks.ranks.protocol import CheckRequest, CheckRun
+from reader.claims.verdict import ClaimVerdict, decide
+from reader.commands.session import BROKEN, DRIFT, Session, display, open_session
+from reader.format.guide import ClaimSpec, Guide
+
+FAILED = DRIFT  # exit 1: a claim failed (README: 0 clean, 1 failed, 2 broken input)
+
+
+class ClaimRunner:
+    """Runs claims of one session on its own pool manager (started on first use, closed on exit)."""
+
+    def __init__(
+        self, session: Session, backend: str, timeout: float, *, manager: Any = None, patches: tuple[Any, ...] = ()
+    ) -> None:
+        self.session = session
+        self.backend = backend
+        self.timeout = timeout
+        self.patches = patches  # break-it patches (exercises, and tests that the reveal comes from the run)
+        self._manager = manager  # a caller's PoolManager is used, and left open
+        self._owns_manager = manager is None
+        self._verdicts: dict[tuple[str, str], ClaimVerdict] = {}
+
+    def verdict(self, guide: Guide, claim: ClaimSpec) -> ClaimVerdict:
+        key = (guide.id, claim.id)
+        if key not in self._verdicts:
+            self._verdicts[key] = self._run(guide, claim)
+        return self._verdicts[key]
+
+    def _run(self, guide: Guide, claim: ClaimSpec) -> ClaimVerdict:
+        return decide(self.session.workspace, guide, claim, self._send, display=display, patches=self.patches)
+
+    def _send(self, request: CheckRequest) -> CheckRun:
+        if self._manager is None:
+            from checks.ranks.manager import PoolManager  # starts no process until a check runs
+
+            self._manager = PoolManager(backend=self.backend, timeout=self.timeout)
+        return self._manager.run(request)
+
+    @contextmanager
+    def patched(self, patches: tuple[Any, ...]) -> Iterator[ClaimRunner]:
+        """Runs with ``patches`` applied; their verdicts are kept apart from unpatched ones and forgotten after."""
+        kept, self._verdicts, self.patches = self._verdicts, {}, patches
+        try:
+            yield self
+        finally:
+            self._verdicts, self.patches = kept, ()
+
+    def verdicts(self) -> dict[tuple[str, str], ClaimVerdict]:
+        """Every verdict this runner reached, by (guide id, claim id)."""
+        return dict(self._verdicts)
+
+    def close(self) -> None:
+        if self._manager is not None and self._owns_manager:
+            self._manager.close()
+
+
+@contextmanager
+def claim_runner(session: Session, args: argparse.Namespace) -> Iterator[ClaimRunner]:
+    """``args.manager`` / ``args.patches`` (set by callers in-process, not by the command line) reach the runner."""
+    runner = ClaimRunner(
+        session,
+        args.backend,
+        args.timeout,
+        manager=getattr(args, "manager", None),
+        patches=tuple(getattr(args, "patches", ())),
+    )
+    try:
+        yield runner
+    finally:
+        runner.close()
+        session.workspace.source.close()
+
+
+def pool_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help="default: auto")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per claim before its ranks are stopped")
+
+
+def one_guide(args: argparse.Namespace, console: Console) -> tuple[Session, Guide] | int:
+    args.guide_ids, args.torch_source = [args.guide], None
+    session = open_session(args, console)
+    if isinstance(session, int):
+        return session
+    return session, session.guides[0]
+
+
+@dataclass(frozen=True)
+class RankReading:
+    """What one rank's check returned in a run of one claim: for views that draw it (``memory``, ``layout``)."""
+
+    guide: Guide
+    verdict: ClaimVerdict
+    value: Any
+
+
+def run_for_rank(args: argparse.Namespace, console: Console) -> RankReading | int:
+    """Run ``args.claim`` of ``args.guide`` on the pool and take ``args.rank``'s return value (or, if it failed,
+    its `Violation`'s details); an exit code (with the reason printed) when the guide or claim is unknown, the claim
+    did not run, or there is no such rank."""
+    opened = one_guide(args, console)
+    if isinstance(opened, int):
+        return opened
+    session, guide = opened
+    if pick_claims(guide, [args.claim], console) is None:
+        return BROKEN
+    with claim_runner(session, args) as runner, console.status(f"running claim {args.claim}…", spinner="dots"):
+        verdict = runner.verdict(guide, guide.claim(args.claim))
+    outcome = verdict.outcome
+    if outcome is None or not outcome.results:
+        console.print(f"[red]{args.claim} did not run[/]\n{verdict.failure or verdict.skipped or ''}")
+        return FAILED
+    # A rank whose check found its claim false returns nothing; what it found is in its `Violation`'s details.
+    by_rank = {r.rank: r.value if r.ok else (r.details or {}) for r in outcome.results}
+    if args.rank not in by_rank:
+        console.print(f"[red]no rank {args.rank}[/] (ranks: {', '.join(map(str, sorted(by_rank)))})")
+        return BROKEN
+    return RankReading(guide, verdict, by_rank[args.rank])
+
+
+def pick_claims(guide: Guide, wanted: Sequence[str], console: Console) -> list[ClaimSpec] | None:
+    known = [c.id for c in guide.claims]
+    unknown = [c for c in wanted if c not in known]
+    if unknown:
+        console.print(f"[red]{guide.id} has no claim {', '.join(unknown)}[/] (claims: {', '.join(known)})")
+        return None
+    return [c for c in guide.claims if not wanted or c.id in wanted]

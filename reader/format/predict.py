@@ -1,0 +1,224 @@
+"""Predict questions: ```` ```predict <id> ```` fences, asked before the reading, revealed by a real run.
+
+The fence holds TOML::
+
+    ```predict reversed-order
+    question = "Iteration 2 runs the blocks in reverse. Which prefetches does its forward issue?"
+    kind = "order"                      # number | order | choice | text
+    answer = ["root -> blocks.0"]       # the guide's answer, in the kind's shape
+    claim = "stale-order-after-change"  # the claim whose run reveals it
+    observe = "prefetched"              # where in the claim's returned value (rank 0's) the answer shows
+    explain = "Forward prefetch follows the order iteration 1 recorded, not the one it runs now."
+    ```
+
+``observe`` is a dotted path into what the claim's check returns on rank 0 (``prefetched``, ``sizes.root``,
+``0``); with it, ``pytest readings/`` runs the claim and fails the question if the guide's answer is not what
+torch did. Without it the question is tied to the claim's outcome only (its check passing is the reveal).
+``show`` is a path whose value is revealed but not compared (``.`` for the whole value), for an answer that is
+not itself a value (a choice about *when*, a sentence). ``choices`` (a list) goes with ``kind = "choice"``;
+``tolerance`` (absolute) may go with ``kind = "number"``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from reader.format.body import BodyContext, Fence, register_body_parser
+from reader.format.errors import did_you_mean
+
+KINDS = ("number", "order", "choice", "text")
+ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+KEYS = ("question", "kind", "answer", "claim", "observe", "show", "explain", "choices", "tolerance")
+EXAMPLE = (
+    'question = "..."\nkind = "number"\nanswer = 4\nclaim = "<claim id>"\nobserve = "<path in its value>"\n'
+    'explain = "..."'
+)
+
+
+@dataclass(frozen=True)
+class PredictQuestion:
+    """One question of a guide's Predict section; a region of the body."""
+
+    id: str
+    question: str
+    kind: str
+    answer: Any
+    claim: str
+    observe: str | None
+    show: str | None
+    explain: str
+    choices: tuple[str, ...]
+    tolerance: float
+    start: int
+    end: int
+
+
+def predict_blocks(fences: Sequence[Fence], context: BodyContext) -> Iterator[PredictQuestion]:
+    claims = {c.id for c in context.guide.claims}
+    seen: dict[str, int] = {}
+    for fence in fences:
+        start = fence.start
+        if len(fence.args) != 1 or not ID_RE.match(fence.args[0]):
+            context.problem(start, f"a predict block has one id, got `{fence.info}`", "write ```predict <question-id>")
+            continue
+        (qid,) = fence.args
+        if qid in seen:
+            context.problem(start, f"duplicate predict question `{qid}` (first on line {seen[qid]})", "rename one")
+            continue
+        seen[qid] = start
+        try:
+            data = tomllib.loads(fence.content)
+        except tomllib.TOMLDecodeError as exc:
+            context.problem(start, f"predict `{qid}` is not TOML: {exc}", f"write the block as TOML:\n{EXAMPLE}")
+            continue
+        question = _question(qid, data, fence, context, claims)
+        if question is not None:
+            yield question
+
+
+def _question(
+    qid: str, data: dict[str, Any], fence: Fence, context: BodyContext, claims: set[str]
+) -> PredictQuestion | None:
+    start, before = fence.start, len(context.problems.found)
+
+    def problem(message: str, fix: str) -> None:
+        context.problem(start, f"predict `{qid}`: {message}", fix)
+
+    for key in sorted(set(data) - set(KEYS)):
+        problem(f"unknown key `{key}`", f"use only {', '.join(KEYS)}")
+    for key in ("question", "claim", "explain"):
+        if not isinstance(data.get(key), str) or not data[key].strip():
+            problem(f"`{key}` must be a non-empty string", f'add `{key} = "..."`')
+    kind = data.get("kind", "text")
+    if kind not in KINDS:
+        problem(f"unknown kind `{kind}`", f"use one of {', '.join(KINDS)}")
+    claim = data.get("claim")
+    if isinstance(claim, str) and claim not in claims:
+        hint = did_you_mean(claim, claims)
+        problem(f"names claim `{claim}`, which this guide does not make", hint or f"use one of {sorted(claims)}")
+    choices = data.get("choices", [])
+    answer = data.get("answer")
+    if not _answer_fits(kind, answer, choices):
+        problem(f"`answer` does not fit kind `{kind}`", _ANSWER_FIX.get(kind, "see reader/predict.py"))
+    observe = data.get("observe")
+    if observe is not None and (not isinstance(observe, str) or not observe.strip() or kind == "text"):
+        problem("`observe` is a dotted path into the claim's value, and a text answer cannot be compared", "")
+    show = data.get("show")
+    if show is not None and (not isinstance(show, str) or not show.strip() or observe is not None):
+        problem("`show` is a dotted path (or `.`), for a question without `observe`", "keep one of the two")
+    tolerance = data.get("tolerance", 0)
+    if type(tolerance) not in (int, float) or tolerance < 0 or (tolerance and kind != "number"):
+        problem('`tolerance` is a non-negative number, for kind = "number" only', "remove it, or write 0.5")
+    if len(context.problems.found) > before:
+        return None
+    return PredictQuestion(
+        qid,
+        data["question"].strip(),
+        kind,
+        answer,
+        claim,
+        observe,
+        show,
+        data["explain"].strip(),
+        tuple(choices),
+        float(tolerance),
+        fence.start,
+        fence.end,
+    )
+
+
+_ANSWER_FIX = {
+    "number": "write a number: `answer = 3528`",
+    "order": 'write a list of strings: `answer = ["root -> blocks.0", "blocks.0 -> blocks.1"]`',
+    "choice": 'add `choices = ["...", "..."]` and make `answer` one of them',
+    "text": 'write a string: `answer = "..."`',
+}
+
+
+def _answer_fits(kind: str, answer: Any, choices: Any) -> bool:
+    if kind == "number":
+        return type(answer) in (int, float)
+    if kind == "order":
+        return isinstance(answer, list) and all(isinstance(a, str) for a in answer)
+    if kind == "choice":
+        ok = isinstance(choices, list) and len(choices) >= 2 and all(isinstance(c, str) for c in choices)
+        return ok and answer in choices
+    return isinstance(answer, str) and bool(answer.strip())
+
+
+# -- reading the observed value, and comparing -------------------------------------------------------------------
+
+
+class NotObserved(LookupError):
+    """The claim's value has nothing at the question's ``observe`` path."""
+
+
+def observed(value: Any, path: str) -> Any:
+    """The part of a claim's returned value at the dotted ``path``: keys of mappings (a key may itself contain
+    dots, ``eval.1.scale`` reaches ``value["eval"]["1.scale"]``; the longest key that matches wins), indices of
+    sequences; ``.`` is the whole value."""
+    if path == ".":
+        return value
+    parts, current, i = path.split("."), value, 0
+    while i < len(parts):
+        if isinstance(current, dict):
+            key = next(
+                (".".join(parts[i:j]) for j in range(len(parts), i, -1) if ".".join(parts[i:j]) in current), None
+            )
+            if key is not None:
+                current, i = current[key], i + key.count(".") + 1
+                continue
+        part = parts[i]
+        if (
+            isinstance(current, list | tuple)
+            and part.lstrip("-").isdigit()
+            and -len(current) <= int(part) < len(current)
+        ):
+            current, i = current[int(part)], i + 1
+            continue
+        shown = sorted(current) if isinstance(current, dict) else type(current).__name__
+        raise NotObserved(f"`{path}`: no `{part}` in {shown}")
+    return current
+
+
+def _words(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def agrees(question: PredictQuestion, value: Any) -> bool:
+    """Whether an observed (or a learner's parsed) value is the question's answer."""
+    if question.kind == "number":
+        try:
+            return math.isclose(float(value), float(question.answer), rel_tol=0, abs_tol=question.tolerance)
+        except (TypeError, ValueError):
+            return False
+    if question.kind == "order":
+        return isinstance(value, list | tuple) and [_words(v) for v in value] == [_words(a) for a in question.answer]
+    if question.kind == "choice":
+        return _words(value) == _words(question.answer)
+    return False  # text answers are read, not compared
+
+
+def parse_answer(question: PredictQuestion, text: str) -> Any:
+    """A learner's typed answer in the question's shape: a number; an order as items separated by commas,
+    semicolons or new lines; a choice by its text or its letter (a, b, ...)."""
+    text = text.strip()
+    if question.kind == "number":
+        try:
+            return float(text.replace(",", "").replace("_", ""))
+        except ValueError:
+            return None
+    if question.kind == "order":
+        return [item.strip() for item in re.split(r"[,;\n]", text) if item.strip()]
+    if question.kind == "choice":
+        letters = {chr(ord("a") + i): choice for i, choice in enumerate(question.choices)}
+        return letters.get(text.lower().rstrip(")."), text)
+    return text
+
+
+register_body_parser("predict", predict_blocks)

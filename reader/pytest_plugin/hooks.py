@@ -1,0 +1,237 @@
+"""pytest plugin: ``readings/**/*.md`` guides become items.
+
+- ``readings/04-forward-prefetch.md::anchor[prefetch]`` passes while the anchor's live torch source is the
+  approved one (unchanged, moved, or only cosmetically changed: reported as a note) and fails otherwise, with
+  the drift class, a diff approved → current, both locations and the approve command.
+- ``readings/04-forward-prefetch.md::claim[forward-order]`` runs its check on the rank pool and passes only if
+  the check passed and some anchored torch code ran on a rank (runtime evidence).
+
+Item ids come from anchor names and claim ids, never from line numbers. Failures point at the guide's own
+lines (like pytest's doctest items). A broken guide is a collection error naming file, line and fix; the other
+guides still run, and the session exits 2 (0 clean, 1 drift or failed claim).
+
+Options: ``--approve[=GUIDE_ID]``, ``--torch-source PATH``, ``--drift-report FILE``; ini ``readings_dir``.
+
+This module holds only the hooks; the nodes are in ``reader.pytest_plugin.items``, their failure text in
+``reader.pytest_plugin.failures``, the session's state in ``reader.pytest_plugin.session``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from checks.ranks.protocol import CheckRequest, Patch
+from reader.claims.request import traced_request
+from reader.claims.verdict import failure_summary
+from reader.format.guide import ClaimSpec, Guide
+from reader.gate.drift_report import write_drift_report
+from reader.gate.report import ClaimRow, anchor_row, summary
+from reader.pytest_plugin import hookspecs
+from reader.pytest_plugin.items import AnchorItem, ClaimItem, GuideFile, GuideItem, is_guide_file
+from reader.pytest_plugin.session import SESSION, ReaderSession, session_of
+
+BROKEN_INPUT = 2
+MARKERS = (
+    "gpu: needs CUDA devices and the nccl backend",
+    "world_size(n): the number of ranks a check runs on",
+    "slow: takes more than a few seconds; skipped unless --slow (or FSDP_READINGS_SLOW=1, or -m naming slow)",
+)
+SLOW_ENV = "FSDP_READINGS_SLOW"
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("fsdp-readings", "reading guides over torch source (reader/)")
+    group.addoption(
+        "--approve",
+        action="append",
+        nargs="?",
+        const="*",
+        default=None,
+        metavar="GUIDE_ID",
+        help="record the current torch source of the collected guides' anchors (or only GUIDE_ID's; "
+        "repeatable, comma-separated) in readings/anchors.lock, after re-reading the guide. "
+        "Put paths before it.",
+    )
+    group.addoption(
+        "--torch-source",
+        metavar="PATH",
+        default=None,
+        help="read anchors from a torch wheel (read in place), site-packages dir or checkout instead of the "
+        "installed torch; runs anchor items only (claims are skipped)",
+    )
+    group.addoption(
+        "--drift-report",
+        metavar="FILE",
+        default=None,
+        help="write the session's drift report as JSON to FILE and as Markdown next to it (FILE.md)",
+    )
+    group.addoption(
+        "--slow",
+        action="store_true",
+        default=os.environ.get(SLOW_ENV, "") not in ("", "0"),
+        help=f"also run items marked slow (long property runs); env {SLOW_ENV}=1",
+    )
+    parser.addini("readings_dir", "directory holding the reading guides and anchors.lock", default="readings")
+
+
+def runs_slow(config: pytest.Config) -> bool:
+    """Slow items run with --slow, or when a -m expression names the marker (the user asked for them)."""
+    return bool(config.getoption("--slow")) or "slow" in (config.getoption("markexpr", "") or "")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if runs_slow(config):
+        return
+    skip = pytest.mark.skip(reason=f"slow: run with --slow (or {SLOW_ENV}=1)")
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(skip)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in MARKERS:
+        if not any(existing.split(":")[0] == line.split(":")[0] for existing in config.getini("markers")):
+            config.addinivalue_line("markers", line)
+    config.stash[SESSION] = ReaderSession(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    reader = config.stash.get(SESSION, None)
+    if reader is not None:
+        reader.resources.close()
+
+
+def claim_request(
+    config: pytest.Config, guide: Guide, claim: ClaimSpec, *, patches: tuple[Patch, ...] = (), **overrides: Any
+) -> CheckRequest:
+    """The `CheckRequest` the claim's item sends (the same trace symbols), with break-it ``patches`` and kwarg
+    ``overrides``: break-it tests run claims through this, so they and the items share one request path.
+    Raises `RuntimeError` (``reader.claims.request.UnresolvedAnchors``) when the guide's anchors do not resolve."""
+    request, _ = traced_request(session_of(config).resources.workspace(), guide, claim, patches=patches, **overrides)
+    return request
+
+
+# --- collection ---------------------------------------------------------------------------------------------
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> GuideFile | None:
+    if is_guide_file(file_path, parent.session):
+        return GuideFile.from_parent(parent, path=file_path)
+    return None
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> Iterator[None]:
+    """Let the other guides run when every collection error is a broken guide (broken tests still abort)."""
+    broken = session_of(session.config).findings.broken
+    option = session.config.option
+    original = option.continue_on_collection_errors
+    if session.testsfailed and session.testsfailed == len(broken):
+        option.continue_on_collection_errors = True
+    try:
+        return (yield)
+    finally:
+        option.continue_on_collection_errors = original
+
+
+# --- reporting ----------------------------------------------------------------------------------------------
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    report: pytest.TestReport = yield
+    if isinstance(item, GuideItem) and (report.when == "call" or (report.when == "setup" and not report.passed)):
+        _record(session_of(item.config), item, report)
+    return report
+
+
+def _record(reader: ReaderSession, item: GuideItem, report: pytest.TestReport) -> None:
+    guide = item.guide
+    row = reader.findings.report.guide(guide.id, reader.display(guide.path), guide.title)
+    outcome = "passed" if report.passed else "skipped" if report.skipped else "failed"
+    message = ""
+    if hasattr(report, "wasxfail"):  # an xfail claim: failed as expected, or passed though not strict
+        outcome, message = ("xfailed" if report.skipped else "xpassed"), report.wasxfail
+    elif report.skipped and isinstance(report.longrepr, tuple):
+        message = str(report.longrepr[2])
+    elif report.failed:
+        message = report.longreprtext.strip().split("\n")[0]
+    if isinstance(item, AnchorItem):
+        if item.approved and report.passed:
+            outcome = "approved"
+        row.anchors.append(anchor_row(guide, item.anchor, outcome, item.drift, message))
+    elif isinstance(item, ClaimItem):
+        verdict = reader.findings.verdicts.get((guide.id, item.claim.id))
+        reason = None
+        if outcome == "failed" and verdict is not None and verdict.failure:
+            reason, message = failure_summary(verdict)
+        row.claims.append(ClaimRow(item.claim.id, item.claim.statement, outcome, message, reason, item.claim.line))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    reader = session.config.stash.get(SESSION, None)
+    if reader is None:
+        return
+    options, findings, workspace = reader.options, reader.findings, reader.resources.opened
+    if options.approve_ids is not None:
+        collected = set(findings.guides.guides)
+        for unknown in sorted(options.approve_ids - collected - {"*"}):
+            known = ", ".join(sorted(collected)) or "none"
+            findings.broken[f"--approve={unknown}"] = (
+                f"--approve={unknown}: no collected guide has this id (collected: {known})"
+            )
+        if workspace is not None:
+            for guide in findings.guides.guides.values():
+                if options.approving(guide.id) and findings.fully_approved(guide):
+                    workspace.prune(guide)
+            workspace.save()
+    reader.describe_torch()
+    report = findings.report
+    report.broken = list(findings.broken.values())
+    if findings.lock_error is not None:
+        report.broken.append(str(findings.lock_error))
+    if (findings.broken or findings.lock_error) and session.exitstatus in (
+        pytest.ExitCode.OK,
+        pytest.ExitCode.TESTS_FAILED,
+        pytest.ExitCode.NO_TESTS_COLLECTED,
+    ):
+        session.exitstatus = BROKEN_INPUT
+    report.exit_code = int(session.exitstatus)
+    if options.drift_report is not None:
+        findings.written = write_drift_report(options.drift_report, report)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    reader = config.stash.get(SESSION, None)
+    if reader is None or not (reader.findings.report.guides or reader.findings.broken):
+        return
+    findings = reader.findings
+    writer = config.get_terminal_writer()
+    console = Console(
+        file=io.StringIO(),
+        force_terminal=writer.hasmarkup,
+        no_color=not writer.hasmarkup,
+        width=max(writer.fullwidth, 60),
+        highlight=False,
+        soft_wrap=True,  # paths in the heading are printed whole, never cropped
+    )
+    console.print(summary(findings.report))
+    terminalreporter.write_sep("=", "reading guides")
+    terminalreporter.write(console.file.getvalue())
+    for key in [k for k in findings.broken if k.startswith("--approve=")]:
+        terminalreporter.write_line(findings.broken[key], red=True)
+    if findings.written:
+        json_path, md_path = findings.written
+        terminalreporter.write_line(f"drift report: {reader.display(json_path)}, {reader.display(md_path)}")

@@ -1,0 +1,184 @@
+"""What the reader's pytest plugin keeps for one session, split by lifetime.
+
+- `Options`: what the command line asked for, parsed once at configure time (a bad ``--approve`` is a usage
+  error before anything is collected).
+- `Resources`: torch's source, the workspace over it and the check runner, opened on first use and closed at
+  the end, so a session that runs no guide item never reads torch or starts a rank pool.
+- `Findings`: what collection and the items found (guides, broken input, approvals); the exit code, the
+  terminal summary and the drift report are made from it.
+
+`ReaderSession` bundles the three with `Display`; ``session_of(config)`` finds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reader.format.guide import AnchorSpec, Guide
+from reader.format.parse import GuideRegistry
+from reader.gate.drift import Drift
+from reader.gate.lock import LockError
+from reader.gate.report import SessionReport
+from reader.gate.workspace import LOCK_NAME, Workspace
+from reader.pytest_plugin.runner import CheckRunner, PoolRunner
+from reader.source.checkref import CheckFinder
+from reader.source.index import IndexCache
+from reader.source.torch_source import SourceError, TorchSource, open_source
+
+
+@dataclass(frozen=True)
+class Display:
+    """How paths appear in messages: relative to where pytest was invoked, else to its rootdir."""
+
+    bases: tuple[Path, ...]
+
+    def __call__(self, path: Path) -> str:
+        for base in self.bases:
+            try:
+                return str(path.resolve().relative_to(base.resolve()))
+            except ValueError:
+                continue
+        return str(path)
+
+
+@dataclass(frozen=True)
+class Options:
+    readings_dir: Path  # ini ``readings_dir``, resolved against the rootdir
+    approve_ids: frozenset[str] | None  # --approve: None when absent; "*" approves every guide
+    drift_report: Path | None
+    torch_source: str | None  # --torch-source: preview anchors against another torch
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> Options:
+        report = config.getoption("drift_report")
+        return cls(
+            readings_dir=(config.rootpath / str(config.getini("readings_dir"))).resolve(),
+            approve_ids=_approve_ids(config.getoption("approve")),
+            drift_report=Path(report) if report else None,
+            torch_source=config.getoption("torch_source") or None,
+        )
+
+    @property
+    def lock_path(self) -> Path:
+        return self.readings_dir / LOCK_NAME
+
+    def approving(self, guide_id: str) -> bool:
+        return self.approve_ids is not None and ("*" in self.approve_ids or guide_id in self.approve_ids)
+
+
+def _approve_ids(values: list[str] | None) -> frozenset[str] | None:
+    if values is None:
+        return None
+    ids: set[str] = set()
+    for value in values:
+        for part in (p.strip() for p in value.split(",")):
+            if not part:
+                continue
+            if "/" in part or part.endswith(".md") or Path(part).exists():
+                raise pytest.UsageError(
+                    f"--approve took `{part}` as a guide id. Put paths before --approve "
+                    f"(pytest {part} --approve), or name the guide: --approve=<guide-id>"
+                )
+            ids.add(part)
+    return frozenset(ids)
+
+
+class Resources:
+    """Opened lazily, closed by `close`. A torch source that fails to open fails every later use the same way."""
+
+    def __init__(self, config: pytest.Config, options: Options, display: Display) -> None:
+        self.config = config
+        self.lock_path = options.lock_path
+        self.display = display
+        self.cache = IndexCache()
+        self.checks = CheckFinder(extra_paths=[config.rootpath], cache=self.cache)
+        self.preview: TorchSource | None = None  # --torch-source, opened now: a bad path is a usage error
+        if options.torch_source:
+            try:
+                self.preview = open_source(options.torch_source)
+            except SourceError as exc:
+                raise pytest.UsageError(str(exc)) from exc
+        self._workspace: Workspace | None = None
+        self._source_error: str | None = None
+        self._runner: CheckRunner | None = None
+
+    def workspace(self) -> Workspace:
+        if self._workspace is None:
+            if self._source_error is not None:
+                raise SourceError(self._source_error)
+            try:
+                source = self.preview or open_source(None)
+            except SourceError as exc:
+                self._source_error = str(exc)
+                raise
+            self._workspace = Workspace(source, self.lock_path, self.cache, self.display)
+        return self._workspace
+
+    @property
+    def opened(self) -> Workspace | None:
+        """The workspace if some item opened it."""
+        return self._workspace
+
+    def runner(self) -> CheckRunner:
+        """The ``pytest_reader_check_runner`` hook's runner, else the rank pool."""
+        if self._runner is None:
+            found = self.config.hook.pytest_reader_check_runner(config=self.config)
+            self._runner = found if found is not None else PoolRunner(self.config)
+        return self._runner
+
+    def close(self) -> None:
+        if self._workspace is not None:
+            self._workspace.source.close()
+        elif self.preview is not None:
+            self.preview.close()
+
+
+@dataclass
+class Findings:
+    report: SessionReport
+    guides: GuideRegistry  # every guide collected, by id (a second guide with a known id is broken input)
+    broken: dict[str, str] = field(default_factory=dict)  # nodeid of a guide file (or "--approve=ID") → problems
+    approved: dict[str, set[str]] = field(default_factory=dict)  # guide id → anchor names approved this session
+    lock_error: LockError | None = None
+    written: tuple[Path, Path] | None = None  # the drift report's JSON and Markdown files
+    verdicts: dict[tuple[str, str], Any] = field(default_factory=dict)  # (guide id, claim id) → ClaimVerdict
+
+    def approve(self, guide: Guide, anchor: AnchorSpec, was: Drift) -> None:
+        self.approved.setdefault(guide.id, set()).add(anchor.name)
+        self.report.approved.append(f"{guide.id}/{anchor.name} (was: {was.kind.value})")
+
+    def fully_approved(self, guide: Guide) -> bool:
+        """Every anchor of ``guide`` was approved this session (only then may its stale lock entries go)."""
+        names = self.approved.get(guide.id, set())
+        return bool(guide.anchors) and all(anchor.name in names for anchor in guide.anchors)
+
+
+class ReaderSession:
+    """The plugin's state for one pytest session (one per ``pytest.Config``, in its stash)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.display = Display((config.invocation_params.dir, config.rootpath))
+        self.options = Options.from_config(config)
+        self.resources = Resources(config, self.options, self.display)
+        report = SessionReport(None, None, "", self.display(self.options.lock_path))
+        self.findings = Findings(report, GuideRegistry(self.display))
+
+    def describe_torch(self) -> None:
+        """Name the torch the session read (if it read one) in the report."""
+        workspace = self.resources.opened
+        if workspace is not None:
+            source = workspace.source
+            report = self.findings.report
+            report.torch_version, report.torch_git = source.version, source.git_version
+            report.source = f"{source.kind} at {source.location}"
+
+
+SESSION = pytest.StashKey[ReaderSession]()
+
+
+def session_of(config: pytest.Config) -> ReaderSession:
+    return config.stash[SESSION]

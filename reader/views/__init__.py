@@ -1,0 +1,5 @@
+"""Terminal renderables that run nothing: a guide as read (``guide``), a timeline's rows and tables (``lanes``,
+``timeline``), a memory series as bars and SVG (``memory``). They draw data the commands hand them.
+
+May import: source, format, gate, claims.
+"""
