@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,14 @@ def step(job: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def run_step(job: dict[str, Any], name: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """A `run:` step as the runner runs it (bash -e), with the job's env and the machine's torch as the leg's."""
-    merged = {**os.environ, "TORCH": RELEASE, "REPORTS": str(tmp_path / "reports"), **env}
+    """A `run:` step as the runner runs it (bash -e), with the job's env and the machine's torch as the leg's.
+
+    The step calls `python`: on the runner that is setup-python's interpreter, with the project installed. Here it
+    is this test's own interpreter, put first on PATH, whether or not a venv is activated (README's test command
+    runs the suite as `.venv/bin/python -m pytest`, with nothing activated)."""
+    interpreter = str(Path(sys.executable).parent)
+    path = f"{interpreter}{os.pathsep}{env.pop('PATH', os.environ.get('PATH', ''))}"
+    merged = {**os.environ, "TORCH": RELEASE, "REPORTS": str(tmp_path / "reports"), **env, "PATH": path}
     merged["GITHUB_OUTPUT"] = str(tmp_path / "github_output")
     return subprocess.run(
         ["bash", "-e", "-c", step(job, name)["run"]], cwd=REPO, env=merged, capture_output=True, text=True, check=False

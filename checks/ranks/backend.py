@@ -30,3 +30,12 @@ def unavailable(backend: str, world_size: int) -> str | None:
         if count < world_size:
             return f"nccl needs one CUDA device per rank: {world_size} ranks, {count} CUDA device(s) here"
     return None
+
+
+def missing_gpus(world_size: int) -> str | None:
+    """Why a claim marked ``gpu`` cannot run on ``world_size`` ranks here (one CUDA device each), or None. pytest's
+    item setup and the study commands skip with these words."""
+    have = cuda_device_count()
+    if have < world_size:
+        return f"needs {world_size} CUDA device(s) for nccl (one per rank); {have} here"
+    return None

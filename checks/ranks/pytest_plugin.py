@@ -73,9 +73,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         return
     marker = item.get_closest_marker("world_size")
     needed = marker.args[0] if marker and marker.args else item.config.getoption("--world-size")
-    have = backends.cuda_device_count()
-    if have < needed:
-        pytest.skip(f"needs {needed} CUDA device(s) for nccl (one per rank); {have} here")
+    missing = backends.missing_gpus(needed)
+    if missing is not None:
+        pytest.skip(missing)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

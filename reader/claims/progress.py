@@ -1,10 +1,17 @@
-"""A learner's predict scores, kept in the user's data directory (never in the repository).
+"""A learner's record, kept in the user's data directory (never in the repository): predict and exercise scores,
+what was revealed to them, and the last result of every claim that ran.
 
 One JSON file, ``progress.json``, under platformdirs' user data dir for ``fsdp-readings`` (``~/.local/share/
-fsdp-readings`` on Linux), or under ``$FSDP_READINGS_DATA_DIR`` when set (tests, shared machines). Three sections,
-each guide id → item id → the latest attempt: ``predict`` (what was typed, whether it agreed with the run),
-``exercises`` (the claim guessed, whether right) and ``claims`` (the last result of each claim a study command
-ran).
+fsdp-readings`` on Linux), or under ``$FSDP_READINGS_DATA_DIR`` when set (tests, shared machines). Sections, each
+guide id → item id → an entry:
+
+- ``predict`` and ``exercises``: the latest attempt (what was typed, whether it was right, what the run showed),
+  and ``honest``: whether the item's honest attempt (its first, made before its answer was seen) was right. A score
+  counts honest attempts only: once an answer has been seen (after answering, with ``predict --no-run``, or with
+  ``show --answers``) a retake is practice, and cannot raise the score.
+- ``revealed``: when each question's answer (or each exercise's solution) was first shown.
+- ``claims``: the last result of each claim (``pytest readings/``, ``check``, ``predict`` and the views all record
+  it) with the torch it ran on, so that ``list`` reports only results of the installed torch.
 """
 
 from __future__ import annotations
@@ -14,11 +21,14 @@ import os
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from platformdirs import user_data_dir
 
+from reader.source.files import write_atomic
+
 ENV = "FSDP_READINGS_DATA_DIR"
+Section = Literal["predict", "exercises"]
 
 
 def data_dir() -> Path:
@@ -34,7 +44,7 @@ class Attempt:
 
 
 class Progress:
-    """The scores file, read once and written whole."""
+    """The progress file, read once and written whole (atomically)."""
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path if path is not None else data_dir() / "progress.json"
@@ -45,33 +55,61 @@ class Progress:
         except (OSError, ValueError) as exc:
             raise ProgressError(f"{self.path}: unreadable progress file ({exc}); move it away to start afresh") from exc
 
+    # -- predict questions and exercises --------------------------------------------------------------------------
+
     def record(self, guide_id: str, question_id: str, answer: str, correct: bool | None, observed: Any) -> None:
-        self._put("predict", guide_id, question_id, asdict(Attempt(answer, correct, _plain(observed), _now())))
+        """A predict attempt; its answer is revealed by it (the reveal follows every answer)."""
+        self._attempt("predict", guide_id, question_id, Attempt(answer, correct, _plain(observed), _now()))
 
     def record_exercise(self, guide_id: str, exercise_id: str, answer: str, correct: bool, observed: str) -> None:
-        self._put("exercises", guide_id, exercise_id, asdict(Attempt(answer, correct, observed, _now())))
+        self._attempt("exercises", guide_id, exercise_id, Attempt(answer, correct, observed, _now()))
 
-    def record_claim(self, guide_id: str, claim_id: str, result: str) -> None:
-        self._put("claims", guide_id, claim_id, {"result": result, "at": _now()})
+    def reveal(self, guide_id: str, item_ids: list[str], section: Section = "predict") -> None:
+        """Mark answers as seen (``show --answers``): later attempts of these items are practice."""
+        seen = self.data.setdefault("revealed", {}).setdefault(f"{section}/{guide_id}", {})
+        for item_id in item_ids:
+            seen.setdefault(item_id, _now())
 
-    def score(self, guide_id: str, section: str = "predict") -> tuple[int, int]:
-        """(right, scored) over the guide's latest attempts in ``section``; text answers are not scored."""
+    def revealed(self, guide_id: str, item_id: str, section: Section = "predict") -> bool:
+        return item_id in self.data.get("revealed", {}).get(f"{section}/{guide_id}", {})
+
+    def _attempt(self, section: Section, guide_id: str, item_id: str, attempt: Attempt) -> None:
+        entries = self.data.setdefault(section, {}).setdefault(guide_id, {})
+        before = entries.get(item_id, {})
+        if "honest" in before:  # a retake: practice, the honest result stays
+            honest = before["honest"]
+        elif before:  # written before scores kept their honest attempt: its one attempt was that
+            honest = before.get("correct")
+        elif attempt.correct is None:
+            honest = None
+        else:  # the first attempt counts if it was made before the answer was seen
+            honest = attempt.correct and not self.revealed(guide_id, item_id, section)
+        entries[item_id] = {**asdict(attempt), "honest": honest}
+        self.reveal(guide_id, [item_id], section)
+
+    def score(self, guide_id: str, section: Section = "predict") -> tuple[int, int]:
+        """(right, scored): items whose honest attempt was right, of the items attempted (text answers are not
+        scored)."""
         attempts = self.data.get(section, {}).get(guide_id, {}).values()
         scored = [a for a in attempts if a.get("correct") is not None]
-        return sum(1 for a in scored if a["correct"]), len(scored)
+        return sum(1 for a in scored if a.get("honest", a.get("correct"))), len(scored)
 
-    def claims(self, guide_id: str) -> dict[str, str]:
-        """The last result of each claim a study command ran (passed / failed / skipped)."""
-        return {cid: entry["result"] for cid, entry in self.data.get("claims", {}).get(guide_id, {}).items()}
+    # -- claims ---------------------------------------------------------------------------------------------------
+
+    def record_claim(self, guide_id: str, claim_id: str, result: str, torch: str | None = None) -> None:
+        self._put("claims", guide_id, claim_id, {"result": result, "torch": torch, "at": _now()})
+
+    def claims(self, guide_id: str, torch: str | None = None) -> dict[str, str]:
+        """The last result of each claim (passed / failed / skipped / xfailed / xpassed); with ``torch``, only the
+        results recorded on that torch."""
+        entries = self.data.get("claims", {}).get(guide_id, {})
+        return {cid: e["result"] for cid, e in entries.items() if torch is None or e.get("torch") == torch}
 
     def _put(self, section: str, guide_id: str, item_id: str, entry: dict[str, Any]) -> None:
         self.data.setdefault(section, {}).setdefault(guide_id, {})[item_id] = entry
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        tmp.replace(self.path)
+        write_atomic(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
 
 
 class ProgressError(RuntimeError):

@@ -72,7 +72,7 @@ def decide(
     """Run ``claim`` through ``send`` and judge it. ``display`` says how the guide's path appears in the failure
     text; ``patches`` are break-it patches applied in the ranks."""
     where = f"{display(guide.path)}:{claim.line}"
-    skip = version_skip(claim, workspace.torch_version)
+    skip = version_skip(claim, workspace.torch_version) or gpu_skip(claim)
     if skip is not None:
         return ClaimVerdict(None, skipped=skip)
     try:
@@ -91,6 +91,16 @@ def version_skip(claim: ClaimSpec, torch_version: str | None) -> str | None:
     if claim.applies_to(torch_version):
         return None
     return f"claim `{claim.id}` describes torch {claim.torch}; this torch is {torch_version}"
+
+
+def gpu_skip(claim: ClaimSpec) -> str | None:
+    """Why a claim marked ``gpu`` does not run here (not one CUDA device per rank), in pytest's words, or None."""
+    if "gpu" not in claim.markers:
+        return None
+    from checks.ranks.backend import missing_gpus  # asks torch for its devices: only for gpu claims
+
+    missing = missing_gpus(claim.world_size)
+    return f"claim `{claim.id}` {missing}" if missing else None
 
 
 def with_example(verdict: ClaimVerdict, run: ClaimRun) -> ClaimVerdict:

@@ -80,19 +80,25 @@ COMMANDS: list[Command] = [
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fsdp-readings", description="Reading guides over PyTorch FSDP's source.")
-    parser.add_argument(
-        "--readings",
-        type=Path,
-        default=Path("readings"),
-        metavar="DIR",
-        help="directory holding the guides and anchors.lock (default: ./readings)",
-    )
+    readings_option(parser, default=None)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         sub = commands.add_parser(command.name, help=command.help, description=command.help)
         command.configure(sub)
+        readings_option(sub, default=argparse.SUPPRESS)  # also after the command: `show 06 --readings DIR`
         sub.set_defaults(run=command.run)
     return parser
+
+
+def readings_option(parser: argparse.ArgumentParser, default: Any) -> None:
+    parser.add_argument(
+        "--readings",
+        type=Path,
+        default=default,
+        metavar="DIR",
+        help="directory holding the guides and anchors.lock (default: ./readings, else the checkout's own "
+        "beside this install)",
+    )
 
 
 def make_console(**options: Any) -> Console:

@@ -8,18 +8,17 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-from rich.table import Table
 from rich.text import Text
 
-from reader.claims.progress import Progress as Scores
-from reader.claims.progress import ProgressError
 from reader.claims.verdict import ClaimVerdict
+from reader.commands.answers import interrupted
 from reader.commands.runner import FAILED, claim_runner, one_guide, pick_claims, pool_options
 from reader.commands.session import BROKEN, CLEAN
 from reader.format.guide import ClaimSpec, Guide
+from reader.views.fit import fitted
 
 EXAMPLES = """examples:
   fsdp-readings check 04-forward-prefetch                   every claim of guide 04, on the rank pool
@@ -52,38 +51,28 @@ def run(args: argparse.Namespace, console: Console) -> int:
         if slow:
             console.print(f"[dim]not running {len(slow)} slow claim(s) ({', '.join(slow)}): --slow runs them[/]")
     rows: list[tuple[ClaimSpec, ClaimVerdict, float]] = []
-    with claim_runner(session, args) as runner, _progress(console) as progress:
-        task = progress.add_task(guide.id, total=len(claims))
-        for claim in claims:
-            progress.update(task, description=claim.id)
-            started = time.monotonic()
-            rows.append((claim, runner.verdict(guide, claim), time.monotonic() - started))
-            progress.advance(task)
-    console.print(_results(guide, rows), soft_wrap=False)
-    _remember_claims(guide, rows, console)
+    stopped = False
+    try:
+        with claim_runner(session, args, console=console) as runner, _progress(console) as progress:
+            task = progress.add_task(guide.id, total=len(claims))
+            for claim in claims:
+                progress.update(task, description=claim.id)
+                started = time.monotonic()
+                rows.append((claim, runner.verdict(guide, claim), time.monotonic() - started))
+                progress.advance(task)
+    except KeyboardInterrupt:  # the runner closed its pool and recorded what finished
+        stopped = True
+    if rows:
+        console.print(_results(guide, rows, console.width), soft_wrap=False)
     for claim, verdict, _ in rows:
         if verdict.failure:
             console.print(Panel(Text(verdict.failure), title=f"{claim.id} failed", border_style="red"), soft_wrap=False)
     counts = Counter(v.status.value for _, v, _ in rows)
     shown = [s for s in ("passed", "xfailed", "xpassed", "skipped", "failed") if counts[s] or s in ("passed", "failed")]
     console.print(", ".join(f"{counts[s]} {s}" for s in shown))
+    if stopped:
+        return interrupted(console, f"{len(rows)} of {len(claims)} claims ran; their results are kept")
     return FAILED if counts["failed"] else CLEAN
-
-
-def _remember_claims(guide: Guide, rows: list[tuple[ClaimSpec, ClaimVerdict, float]], console: Console) -> None:
-    """The last result of each claim, for ``fsdp-readings list``."""
-    try:
-        scores = Scores()
-    except ProgressError as exc:
-        console.print(f"[yellow]{exc}[/]")
-        return
-    for claim, verdict, _ in rows:
-        scores.record_claim(guide.id, claim.id, _result(verdict))
-    scores.save()
-
-
-def _result(verdict: ClaimVerdict) -> str:
-    return verdict.status.value
 
 
 @contextmanager
@@ -96,15 +85,17 @@ def _progress(console: Console) -> Iterator[Progress]:
 RESULT_STYLES = {"skipped": "yellow", "failed": "red", "passed": "green", "xfailed": "cyan", "xpassed": "yellow"}
 
 
-def _results(guide: Guide, rows: list[tuple[ClaimSpec, ClaimVerdict, float]]) -> Table:
-    table = Table(title=f"claims of {guide.id}", title_justify="left", expand=True)
-    table.add_column("claim", ratio=3, overflow="fold")
-    table.add_column("ranks", justify="right")
-    table.add_column("result")
-    table.add_column("s", justify="right")
+def _results(guide: Guide, rows: list[tuple[ClaimSpec, ClaimVerdict, float]], width: int) -> RenderableType:
+    """One line per claim: result, ranks, seconds, then the claim id (last, whole: it moves to a line of its own
+    where it does not fit); a skipped claim's reason under it."""
+    lines: list[Text] = [Text(f"claims of {guide.id}", style="bold")]
     for claim, verdict, seconds in rows:
-        result = _result(verdict)
-        style = RESULT_STYLES[result]
-        shown = Text(result.upper() if result == "failed" else result, style=style)
-        table.add_row(claim.id, str(claim.world_size), shown, f"{seconds:.1f}")
-    return table
+        result = verdict.status.value
+        head = Text.assemble(
+            ((result.upper() if result == "failed" else result).ljust(8), RESULT_STYLES[result]),
+            f"{claim.world_size} ranks  {seconds:5.1f} s  ",
+        )
+        lines.append(fitted(head, claim.id, width))
+        if verdict.skipped:
+            lines.append(Text(f"    {verdict.skipped}", style="dim", overflow="fold"))
+    return Group(*lines)

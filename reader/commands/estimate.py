@@ -19,9 +19,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from rich import box
-from rich.console import Console
-from rich.table import Table
+from rich.console import Console, RenderableType
 from rich.text import Text
 
 from checks.models import cost
@@ -30,6 +28,7 @@ from checks.models.seed_figures import figure_1, figures, zero_table
 from checks.models.zero_memory import Param
 from checks.naming import ROOT, clean
 from reader.commands.session import BROKEN, CLEAN, DRIFT
+from reader.views.fit import Column, fit_table
 
 EXAMPLES = """examples:
   fsdp-readings estimate 7B --world-size 8                      # every strategy, fp32 Adam
@@ -236,9 +235,9 @@ def print_estimates(console: Console, model: Model, estimates: list[Estimate], v
     )
     console.print(Text(header, style="bold"), soft_wrap=False)
     if isinstance(plan.params, tuple):
-        console.print(units_table(plan.params), soft_wrap=False)
-    console.print(memory_table(estimates), soft_wrap=False)
-    console.print(comm_table(estimates), soft_wrap=False)
+        console.print(units_table(console, plan.params), soft_wrap=False)
+    console.print(memory_table(console, estimates), soft_wrap=False)
+    console.print(comm_table(console, estimates), soft_wrap=False)
     exact = isinstance(plan.params, tuple)
     console.print(
         Text(
@@ -262,57 +261,56 @@ def print_estimates(console: Console, model: Model, estimates: list[Estimate], v
             )  # type: ignore[arg-type]
 
 
-def units_table(params: tuple[Param, ...]) -> Table:
-    table = Table(title="units (per-module sizes, built on meta)", title_justify="left")
-    table.add_column("unit", overflow="fold")
-    for column in ("tensors", "elements", "fp32"):
-        table.add_column(column, justify="right", no_wrap=True)
+def units_table(console: Console, params: tuple[Param, ...]) -> RenderableType:
     from checks.models.zero_memory import units
 
+    rows = []
     for unit, members in units(params).items():
         numel = sum(p.numel for p in members)
-        table.add_row(unit, str(len(members)), f"{numel:,}", cost.human_bytes(4 * numel))
-    return table
+        rows.append([unit, str(len(members)), f"{numel:,}", cost.human_bytes(4 * numel)])
+    columns = [Column("unit"), *(Column(c, "right") for c in ("tensors", "elements", "fp32"))]
+    return fit_table(console, "units (per-module sizes, built on meta)", columns, rows)
 
 
-def memory_table(estimates: list[Estimate]) -> Table:
-    table = Table(
-        title="memory per GPU between steps (optim: the K bytes, an fp32 master included)",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-    )
-    table.add_column("strategy", no_wrap=True)
-    for column in ("params", "grads", "optim", "total", "× DDP"):
-        table.add_column(column, justify="right", no_wrap=True)
+def memory_table(console: Console, estimates: list[Estimate]) -> RenderableType:
+    rows: list[list[str | Text]] = []
     for e in estimates:
         m = e.memory.by_category
-        table.add_row(
-            e.plan.strategy,
-            cost.human_bytes(m["params"]),
-            cost.human_bytes(m["grads"]),
-            cost.human_bytes(m["optim"] + m["master"]),
-            Text(cost.human_bytes(e.memory.total), style="bold"),
-            _ratio(e.of_ddp),
+        rows.append(
+            [
+                e.plan.strategy,
+                cost.human_bytes(m["params"]),
+                cost.human_bytes(m["grads"]),
+                cost.human_bytes(m["optim"] + m["master"]),
+                Text(cost.human_bytes(e.memory.total), style="bold"),
+                _ratio(e.of_ddp),
+            ]
         )
-    return table
+    columns = [Column("strategy"), *(Column(c, "right") for c in ("params", "grads", "optim", "total", "× DDP"))]
+    title = "memory per GPU between steps (optim: the K bytes, an fp32 master included)"
+    return fit_table(console, title, columns, rows)
 
 
-def comm_table(estimates: list[Estimate]) -> Table:
-    table = Table(title="communication per step (ring model, per rank)", title_justify="left", box=box.SIMPLE_HEAD)
-    table.add_column("strategy", no_wrap=True)
-    for column in ("collectives", "sent", "latency", "time"):
-        table.add_column(column, justify="right", no_wrap=column != "collectives")
+def comm_table(console: Console, estimates: list[Estimate]) -> RenderableType:
+    short = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "broadcast": "BC"}
+    rows: list[list[str | Text]] = []
     for e in estimates:
         ops = e.comm.volume.by_op()
-        short = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "broadcast": "BC"}
-        table.add_row(
-            e.plan.strategy,
-            " ".join(f"{v['count']}{short[k]}" for k, v in ops.items()),
-            cost.human_bytes(e.comm.ring_bytes),
-            cost.human_seconds(e.comm.latency),
-            Text(cost.human_seconds(e.comm.time), style="bold"),
+        rows.append(
+            [
+                e.plan.strategy,
+                " ".join(f"{v['count']}{short[k]}" for k, v in ops.items()),
+                cost.human_bytes(e.comm.ring_bytes),
+                cost.human_seconds(e.comm.latency),
+                Text(cost.human_seconds(e.comm.time), style="bold"),
+            ]
         )
-    return table
+    columns = [Column("strategy"), *(Column(c, "right") for c in ("ops", "sent", "latency", "time"))]
+    title = (
+        "communication per step (ring model, per rank; ops: AR all-reduce, AG all-gather, RS reduce-scatter, "
+        "BC broadcast)"
+    )
+    return fit_table(console, title, columns, rows)
 
 
 def _ratio(value: Fraction) -> str:
@@ -320,55 +318,44 @@ def _ratio(value: Fraction) -> str:
 
 
 def print_seeds(console: Console) -> None:
-    table = Table(
-        title="the seeds' figures: what the seed says (in its convention), the exact value in that "
-        "convention, and the corrected or other-convention value",
-        title_justify="left",
-        show_lines=True,
-        box=box.SIMPLE_HEAD,
-        expand=True,
-    )
-    table.add_column("seed", no_wrap=True)
-    table.add_column("figure", overflow="fold", ratio=3)
-    table.add_column("seed says · its convention", overflow="fold", ratio=3)
-    table.add_column("exact", justify="right", no_wrap=True)
-    table.add_column("corrected · convention", overflow="fold", ratio=3)
+    rows: list[list[str | Text]] = []
     for f in figures():
-        table.add_row(
-            f.seed,
-            Text.assemble((f.quantity, "bold"), (f"\n{f.note}" if f.note else "", "dim")),
-            Text.assemble((f.seed_says, "bold"), f"\n{f.convention}"),
-            Text.assemble(f"{_value(f.exact, f.unit)}\n", (f.verdict, _VERDICT[f.verdict])),
-            Text.assemble((_value(f.corrected, f.unit), "bold"), f"\n{f.corrected_convention}"),
-        )
-    console.print(table, soft_wrap=False)
-    zero = Table(
-        title="seed 002's table: 7B on 8 GPUs, GB per GPU · fp32 Adam (4+4+8) | mixed (2+2+12)",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-    )
-    zero.add_column("stage", no_wrap=True)
-    for column in ("params", "grads", "optim", "total", "| params", "grads", "optim", "total"):
-        zero.add_column(column, justify="right", no_wrap=True)
-    for name, fp32, mixed in zero_table():
-        cells = []
-        for by in (fp32, mixed):
-            cells += [
-                cost.number(by["params"]),
-                cost.number(by["grads"]),
-                cost.number(by["optim"] + by["master"]),
-                cost.number(sum(by.values())),
+        rows.append(
+            [
+                f"{f.seed} · {f.quantity}",
+                Text.assemble((f.seed_says, "bold"), f"\n{f.convention}"),
+                Text.assemble(f"{_value(f.exact, f.unit)} ", (f.verdict, _VERDICT[f.verdict])),
+                Text.assemble((_value(f.corrected, f.unit), "bold"), f"\n{f.corrected_convention}"),
+                Text(f.note or "", style="dim"),
             ]
-        zero.add_row(name, *cells)
-    console.print(zero, soft_wrap=False)
-    fig = Table(
-        title="ZeRO paper, Figure 1: Ψ = 7.5B, K = 12, N = 64, GB per GPU", title_justify="left", box=box.SIMPLE_HEAD
+        )
+    columns = [
+        Column("figure", prose=True),
+        Column("seed says", prose=True),
+        Column("exact"),
+        Column("corrected", prose=True),
+        Column("note", prose=True),
+    ]
+    title = (
+        "the seeds' figures: what the seed says (in its convention), the exact value in that convention, and the "
+        "corrected or other-convention value"
     )
-    for column in ("stage", "paper", "exact"):
-        fig.add_column(column, justify="right" if column != "stage" else "left", no_wrap=True)
-    for name, said, value in figure_1():
-        fig.add_row(name, said, f"{cost.number(value)} GB")
-    console.print(fig, soft_wrap=False)
+    console.print(fit_table(console, title, columns, rows), soft_wrap=False)
+    stages = zero_table()
+    for which, label in ((1, "fp32 Adam (4+4+8)"), (2, "mixed precision (2+2+12)")):
+        rows = []
+        for stage in stages:
+            by = stage[which]
+            total = sum(by.values())
+            rows.append([stage[0], *(cost.number(v) for v in (by["params"], by["grads"], by["optim"] + by["master"]))])
+            rows[-1].append(cost.number(total))
+        columns = [Column("stage"), *(Column(c, "right") for c in ("params", "grads", "optim", "total"))]
+        title = f"seed 002's table: 7B on 8 GPUs, GB per GPU, {label}"
+        console.print(fit_table(console, title, columns, rows), soft_wrap=False)
+    rows = [[name, said, f"{cost.number(value)} GB"] for name, said, value in figure_1()]
+    columns = [Column("stage"), Column("paper", "right"), Column("exact", "right")]
+    title = "ZeRO paper, Figure 1: Ψ = 7.5B, K = 12, N = 64, GB per GPU"
+    console.print(fit_table(console, title, columns, rows), soft_wrap=False)
 
 
 def _value(value: Fraction, unit: str) -> str:

@@ -16,7 +16,7 @@ from rich.text import Text
 from reader.claims.progress import Progress as Scores
 from reader.claims.progress import ProgressError
 from reader.claims.verdict import ClaimVerdict
-from reader.commands.answers import prompt, read_answers
+from reader.commands.answers import Check, EndOfInput, interrupted, prompt, read_answers
 from reader.commands.runner import FAILED, claim_runner, one_guide, pool_options
 from reader.commands.session import BROKEN, CLEAN
 
@@ -53,7 +53,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[red]{guide.id} has {what}[/] (exercises: {', '.join(known) or 'none'})")
         return BROKEN
     chosen = [e for e in available if not args.exercises or e.id in args.exercises]
-    answers = read_answers(args.answers, [e.id for e in chosen], "exercise", console) if args.answers else None
+    claims = [c.id for c in guide.claims]
+    checks = {e.id: _checker(claims) for e in chosen}
+    answers = read_answers(args.answers, list(checks), "exercise", console, checks) if args.answers else None
     if args.answers and answers is None:
         return BROKEN
     try:
@@ -61,29 +63,50 @@ def run(args: argparse.Namespace, console: Console) -> int:
     except ProgressError as exc:
         console.print(f"[red]{exc}[/]")
         return BROKEN
-    claims = [c.id for c in guide.claims]
-    surprises = 0
-    with claim_runner(session, args) as runner:
-        for number, exercise in enumerate(chosen, start=1):
-            console.print(_puzzle(exercise, claims, number, len(chosen)), soft_wrap=False)
-            given = answers[exercise.id] if answers is not None else prompt(console)
-            guessed = _claim_named(given, claims)
-            status = console.status("running the guide's claims with the patch…", spinner="dots")
-            with runner.patched(exercise.patches), status:
-                quick = [claim for claim in guide.claims if "slow" not in claim.markers]
-                verdicts = {claim.id: runner.verdict(guide, claim) for claim in quick}
-            failing = [cid for cid, v in verdicts.items() if v.failure]
-            main = verdicts[exercise.claim]
-            reason = main.outcome.reason if main.outcome is not None else None
-            surprises += int(main.failure is None or reason != exercise.reason)
-            solution = _solution(exercise, given, guessed, failing=failing, main=main, reason=reason)
-            console.print(solution, soft_wrap=False)
-            seen = f"failing: {', '.join(failing) or 'none'}"
-            scores.record_exercise(guide.id, exercise.id, given, guessed in failing, seen)
+    surprises, done, ended = 0, 0, None
+    try:
+        with claim_runner(session, args, scores, console) as runner:
+            for number, exercise in enumerate(chosen, start=1):
+                console.print(_puzzle(exercise, claims, number, len(chosen)), soft_wrap=False)
+                given = answers[exercise.id] if answers is not None else prompt(console, checks[exercise.id])
+                guessed = _claim_named(given, claims)
+                status = console.status("running the guide's claims with the patch…", spinner="dots")
+                with runner.patched(exercise.patches), status:
+                    quick = [claim for claim in guide.claims if "slow" not in claim.markers]
+                    verdicts = {claim.id: runner.verdict(guide, claim) for claim in quick}
+                failing = [cid for cid, v in verdicts.items() if v.failure]
+                main = verdicts[exercise.claim]
+                reason = main.outcome.reason if main.outcome is not None else None
+                surprises += int(main.failure is None or reason != exercise.reason)
+                solution = _solution(exercise, given, guessed, failing=failing, main=main, reason=reason)
+                console.print(solution, soft_wrap=False)
+                seen = f"failing: {', '.join(failing) or 'none'}"
+                scores.record_exercise(guide.id, exercise.id, given, guessed in failing, seen)
+                done += 1
+    except KeyboardInterrupt:
+        ended = "interrupted"
+    except EndOfInput:
+        ended = "end of input"
     scores.save()
     right, tried = scores.score(guide.id, "exercises")
     console.print(f"exercises: {right}/{tried} on {guide.id}")
+    console.print("[dim]first answers count; a retake after a reveal is practice[/]")
+    kept = f"{done} of {len(chosen)} exercises done; their results are kept"
+    if ended == "interrupted":
+        return interrupted(console, kept)
+    if ended is not None:
+        console.print(f"[red]{ended}[/]: {kept}")
+        return BROKEN
     return FAILED if surprises else CLEAN
+
+
+def _checker(claims: list[str]) -> Check:
+    letters = ", ".join(chr(ord("a") + i) for i in range(len(claims)))
+
+    def check(answer: str) -> str | None:
+        return None if _claim_named(answer, claims) else f"one of the letters {letters}, or a claim id"
+
+    return check
 
 
 def _claim_named(given: str, claims: list[str]) -> str | None:

@@ -16,8 +16,8 @@ from reader.commands.runner import pool_options, run_for_rank
 from reader.commands.session import CLEAN, DRIFT
 
 EXAMPLES = """examples:
-  fsdp-readings layout 12-flat-parameter layout-diagram
-  fsdp-readings layout 12-flat-parameter layout-diagram --rank 1
+  fsdp-readings layout 12-flat-parameter layout-at-4
+  fsdp-readings layout 12-flat-parameter layout-at-4 --rank 3
 
 the claim's check must return the layout it read under `layout`"""
 

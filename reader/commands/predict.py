@@ -17,11 +17,19 @@ from rich.text import Text
 from reader.claims.progress import Progress as Scores
 from reader.claims.progress import ProgressError
 from reader.claims.verdict import observed_run
-from reader.commands.answers import prompt, read_answers
+from reader.commands.answers import Check, EndOfInput, interrupted, prompt, read_answers
 from reader.commands.runner import FAILED, ClaimRunner, claim_runner, one_guide, pool_options
 from reader.commands.session import BROKEN, CLEAN
 from reader.format.guide import Guide
-from reader.format.predict import NotObserved, PredictQuestion, agrees, observed, parse_answer
+from reader.format.predict import (
+    NotObserved,
+    PredictQuestion,
+    agrees,
+    invalid,
+    observed,
+    order_difference,
+    parse_answer,
+)
 
 EXAMPLES = """examples:
   fsdp-readings predict 04-forward-prefetch                 asks each question, then runs its claim
@@ -59,7 +67,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if not questions:
         console.print(f"[red]{guide.id} has no predict questions[/]")
         return BROKEN
-    answers = read_answers(args.answers, [q.id for q in questions], "question", console) if args.answers else None
+    checks = {q.id: _checker(q) for q in questions}
+    answers = read_answers(args.answers, list(checks), "question", console, checks) if args.answers else None
     if args.answers and answers is None:
         return BROKEN
     try:
@@ -68,28 +77,47 @@ def run(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[red]{exc}[/]")
         return BROKEN
     reveals: list[Reveal] = []
-    with claim_runner(session, args) as runner:
-        for number, question in enumerate(questions, start=1):
-            console.print(_ask(question, number, len(questions)), soft_wrap=False)
-            given = answers[question.id] if answers is not None else prompt(console)
-            with console.status(f"running claim {question.claim}…", spinner="dots"):
-                reveal = _reveal(question, given, None if args.no_run else runner, guide)
-            console.print(_revealed(reveal), soft_wrap=False)
-            scores.record(guide.id, question.id, given, reveal.correct, reveal.observed)
-            reveals.append(reveal)
-        for (guide_id, claim_id), verdict in runner.verdicts().items():  # unpatched runs: what `list` shows
-            scores.record_claim(guide_id, claim_id, verdict.status.value)
+    ended: str | None = None
+    try:
+        with claim_runner(session, args, scores, console) as runner:
+            for number, question in enumerate(questions, start=1):
+                console.print(_ask(question, number, len(questions)), soft_wrap=False)
+                given = answers[question.id] if answers is not None else prompt(console, checks[question.id])
+                with console.status(f"running claim {question.claim}…", spinner="dots"):
+                    reveal = _reveal(question, given, None if args.no_run else runner, guide)
+                console.print(_revealed(reveal), soft_wrap=False)
+                scores.record(guide.id, question.id, given, reveal.correct, reveal.observed)
+                reveals.append(reveal)
+    except KeyboardInterrupt:
+        ended = "interrupted"
+    except EndOfInput:
+        ended = "end of input"
     scores.save()
     right, scored = scores.score(guide.id)
     console.print(f"score: {right}/{scored} on {guide.id}")
+    console.print("[dim]first answers count; a retake after a reveal is practice[/]")
     console.print(Text(f"saved to {scores.path}", style="dim", overflow="fold"), soft_wrap=False)
+    kept = f"{len(reveals)} of {len(questions)} questions answered; their scores are kept"
+    if ended == "interrupted":
+        return interrupted(console, kept)
+    if ended is not None:
+        console.print(f"[red]{ended}[/]: {kept}")
+        return BROKEN
     return FAILED if any(r.failure for r in reveals) else CLEAN
+
+
+def _checker(question: PredictQuestion) -> Check:
+    return lambda answer: invalid(question, answer)
 
 
 def _ask(question: PredictQuestion, number: int, total: int) -> Panel:
     parts: list[Any] = [Markdown(question.question)]
     parts += [Text(f"  {chr(ord('a') + i)}) {choice}") for i, choice in enumerate(question.choices)]
-    hint = {"number": "a number", "order": "items separated by commas", "choice": "a letter or the choice"}
+    hint = {
+        "number": "a number (3528, 3,528 or 206352 bytes)",
+        "order": "items separated by commas (-> or → for an arrow)",
+        "choice": "a letter or the choice",
+    }
     parts.append(Text(f"answer with {hint.get(question.kind, 'a sentence')}", style="dim"))
     return Panel(Group(*parts), title=f"{number}/{total} · {question.id}", title_align="left")
 
@@ -131,9 +159,21 @@ def _revealed(reveal: Reveal) -> Table:
     table.add_column(style="bold", no_wrap=True)
     table.add_column(ratio=1, overflow="fold")
     table.add_row("you", Text.assemble(reveal.given or "(no answer)", "  ", (verdict[0], verdict[1])))
+    if question.kind == "order" and reveal.correct is False:
+        missing, extra = order_difference(question, parse_answer(question, reveal.given))
+        if missing or extra:
+            table.add_row("", Text(_difference(missing, extra), style="red"))
+        else:
+            table.add_row("", Text("the same items, in another order", style="red"))
     table.add_row("the guide", guide_answer)
     table.add_row("observed", Text(shown, style="cyan"))
     table.add_row("why", Markdown(question.explain))
     if reveal.failure:
         table.add_row("warning", Text(reveal.failure.splitlines()[0], style="red"))
     return table
+
+
+def _difference(missing: list[str], extra: list[str]) -> str:
+    parts = [f"missing: {', '.join(missing)}"] if missing else []
+    parts += [f"not in the answer: {', '.join(extra)}"] if extra else []
+    return "; ".join(parts)

@@ -15,8 +15,9 @@ from typing import Any
 from rich.console import Console
 
 from checks.ranks.protocol import CheckRequest, CheckRun
+from reader.claims.progress import Progress, ProgressError
 from reader.claims.verdict import ClaimVerdict, decide
-from reader.commands.session import BROKEN, DRIFT, Session, display, open_session
+from reader.commands.session import BROKEN, CLEAN, DRIFT, Session, display, open_session
 from reader.format.guide import ClaimSpec, Guide
 
 FAILED = DRIFT  # exit 1: a claim failed (README: 0 clean, 1 failed, 2 broken input)
@@ -71,8 +72,12 @@ class ClaimRunner:
 
 
 @contextmanager
-def claim_runner(session: Session, args: argparse.Namespace) -> Iterator[ClaimRunner]:
-    """``args.manager`` / ``args.patches`` (set by callers in-process, not by the command line) reach the runner."""
+def claim_runner(
+    session: Session, args: argparse.Namespace, scores: Progress | None = None, console: Console | None = None
+) -> Iterator[ClaimRunner]:
+    """``args.manager`` / ``args.patches`` (set by callers in-process, not by the command line) reach the runner.
+    On the way out, however it ends (Ctrl-C included), the pool is closed and the claims that finished are
+    recorded (`remember`)."""
     runner = ClaimRunner(
         session,
         args.backend,
@@ -84,7 +89,28 @@ def claim_runner(session: Session, args: argparse.Namespace) -> Iterator[ClaimRu
         yield runner
     finally:
         runner.close()
+        remember(runner, scores, console)
         session.workspace.source.close()
+
+
+def remember(runner: ClaimRunner, scores: Progress | None = None, console: Console | None = None) -> None:
+    """Record the result of every claim ``runner`` ran unpatched, with the torch it ran on, for ``list``: into
+    ``scores`` (saved by its owner), or into the progress file, saved here. A runner made with break-it patches
+    records nothing: those are not the claims' results."""
+    if runner.patches:
+        return
+    owned = scores is None
+    try:
+        scores = scores if scores is not None else Progress()
+    except ProgressError as exc:
+        if console is not None:
+            console.print(f"[yellow]{exc}[/]")
+        return
+    torch = runner.session.workspace.torch_version
+    for (guide_id, claim_id), verdict in runner.verdicts().items():
+        scores.record_claim(guide_id, claim_id, verdict.status.value, torch)
+    if owned and runner.verdicts():
+        scores.save()
 
 
 def pool_options(parser: argparse.ArgumentParser) -> None:
@@ -122,8 +148,11 @@ def run_for_rank(args: argparse.Namespace, console: Console) -> RankReading | in
     with claim_runner(session, args) as runner, console.status(f"running claim {args.claim}…", spinner="dots"):
         verdict = runner.verdict(guide, guide.claim(args.claim))
     outcome = verdict.outcome
+    if verdict.skipped:  # as pytest skips it: nothing to draw, nothing failed
+        console.print(f"[yellow]{args.claim} skipped[/]: {verdict.skipped}", highlight=False)
+        return CLEAN
     if outcome is None or not outcome.results:
-        console.print(f"[red]{args.claim} did not run[/]\n{verdict.failure or verdict.skipped or ''}")
+        console.print(f"[red]{args.claim} did not run[/]\n{verdict.failure or ''}")
         return FAILED
     # A rank whose check found its claim false returns nothing; what it found is in its `Violation`'s details.
     by_rank = {r.rank: r.value if r.ok else (r.details or {}) for r in outcome.results}

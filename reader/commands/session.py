@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from pathlib import Path
 
 from rich.console import Console
 
 from reader.format.errors import GuideError
 from reader.format.guide import Guide
-from reader.format.parse import load_all
+from reader.format.parse import find_readings, load_all
 from reader.gate.lock import LockError
 from reader.gate.report import SessionReport
 from reader.gate.workspace import LOCK_NAME, Workspace
@@ -30,10 +29,15 @@ class Session:
 
 
 def open_session(args: argparse.Namespace, console: Console) -> Session | int:
-    readings: Path = args.readings
-    if not readings.is_dir():
-        console.print(f"[red]no readings directory at {readings}[/] (pass --readings DIR)")
+    readings = find_readings(args.readings)
+    if readings is None or not readings.is_dir():
+        where = f"at {readings}" if readings is not None else "here (./readings) or beside this install"
+        console.print(
+            f"[red]no readings directory {where}[/]: pass --readings DIR, the readings/ folder of a checkout of "
+            "fsdp-readings (a wheel install ships no guides)"
+        )
         return BROKEN
+    args.readings = readings
     guides, broken = load_all([readings], CheckFinder(extra_paths=[readings.resolve().parent]))
     wanted: list[str] = args.guide_ids
     if wanted:

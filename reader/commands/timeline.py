@@ -19,7 +19,7 @@ from rich.text import Text
 
 from checks.ranks.protocol import CheckRequest, CheckRun
 from reader.claims.verdict import ClaimVerdict
-from reader.commands.runner import ClaimRunner
+from reader.commands.runner import ClaimRunner, remember
 from reader.commands.session import BROKEN, CLEAN, DRIFT, Session, open_session
 from reader.format.guide import ClaimSpec, Guide
 from reader.views.lanes import Span, iterations, rows
@@ -89,9 +89,12 @@ def _run(args: argparse.Namespace, console: Console, session: Session, guide: Gu
     with console.status(f"running claim {claim.id} with capture…", spinner="dots"):
         verdict, backend = captured_verdict(session, guide, claim, args)
     outcome = verdict.outcome
-    if outcome is None or verdict.skipped:
+    if verdict.skipped:  # as pytest skips it: nothing to draw, nothing failed
+        console.print(f"[yellow]{claim.id} skipped[/]: {verdict.skipped}", highlight=False)
+        return CLEAN
+    if outcome is None:
         console.print(f"[red]{claim.id} did not run[/]", soft_wrap=False)
-        console.print(Text(verdict.failure or verdict.skipped or ""), soft_wrap=False)
+        console.print(Text(verdict.failure or ""), soft_wrap=False)
         return FAILED
     spans = quoted_spans(session, guide)
     timelines = {r.rank: rows(r.captured, spans) for r in sorted(outcome.results, key=lambda r: r.rank)}
@@ -146,6 +149,7 @@ def captured_verdict(
     try:
         runner = ClaimRunner(session, args.backend, args.timeout, manager=manager, patches=patches)
         verdict = runner.verdict(guide, claim)
+        remember(runner)
     finally:
         if given is None:
             inner.close()

@@ -100,3 +100,18 @@ def load_all(paths: Iterable[Path], checks: CheckFinder | None) -> tuple[list[Gu
         else:
             guides.append(guide)
     return guides, errors
+
+
+CHECKOUT_READINGS = Path(__file__).resolve().parents[2] / "readings"  # beside reader/ in a checkout (editable)
+
+
+def find_readings(given: Path | None) -> Path | None:
+    """The guides' directory: ``--readings`` when given; else ``./readings``; else the checkout's own, beside the
+    ``reader`` package (an editable install, run from another directory). None when there is none: a wheel
+    install ships no guides."""
+    if given is not None:
+        return given
+    for candidate in (Path("readings"), CHECKOUT_READINGS):
+        if candidate.is_dir():
+            return candidate
+    return None

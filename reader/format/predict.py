@@ -186,8 +186,40 @@ def observed(value: Any, path: str) -> Any:
     return current
 
 
-def _words(text: str) -> str:
-    return " ".join(str(text).split())
+ARROWS = re.compile(r"\s*(?:->|→|⟶|=>|➔|-->)\s*")
+NUMBER_WORDS = (  # a typed number may be one of these words; its value is its index
+    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
+    "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty",
+)  # fmt: skip
+# A number may carry its unit; byte prefixes scale it (decimal kB/MB/GB, binary KiB/MiB/GiB).
+UNIT_SCALE = {
+    "": 1, "b": 1, "byte": 1, "bytes": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20,
+    "gib": 2**30, "element": 1, "elements": 1, "elems": 1, "params": 1, "parameters": 1, "x": 1, "×": 1,
+}  # fmt: skip
+NUMBER = re.compile(r"^(?P<value>[+-]?(?:\d[\d,_ ' \u2009\u202f]*)?(?:\.\d+)?(?:e[+-]?\d+)?)\s*(?P<unit>[a-z×]*)$")
+
+
+def normal(text: Any) -> str:
+    """A text as answers compare it: case folded, quotes and backticks dropped, runs of white space one space,
+    every arrow spelling (``->``, ``→``, ``=>``) one ``->``."""
+    folded = str(text).strip().strip("`'\"").casefold()
+    return ARROWS.sub(" -> ", " ".join(folded.split())).strip()
+
+
+def parse_number(text: str) -> float | None:
+    """A typed number: digit separators (``206,352``, ``206_352``, ``206 352``), a unit (``206352 bytes``,
+    ``201.5 KiB``), or a small number word (``zero`` … ``twenty``); None when it is not a number."""
+    cleaned = text.strip().casefold()
+    if cleaned in NUMBER_WORDS:
+        return float(NUMBER_WORDS.index(cleaned))
+    found = NUMBER.match(cleaned)
+    if found is None or not any(c.isdigit() for c in found["value"]) or found["unit"] not in UNIT_SCALE:
+        return None
+    digits = re.sub(r"[,_ ' \u2009\u202f]", "", found["value"])
+    try:
+        return float(digits) * UNIT_SCALE[found["unit"]]
+    except ValueError:
+        return None
 
 
 def agrees(question: PredictQuestion, value: Any) -> bool:
@@ -198,27 +230,50 @@ def agrees(question: PredictQuestion, value: Any) -> bool:
         except (TypeError, ValueError):
             return False
     if question.kind == "order":
-        return isinstance(value, list | tuple) and [_words(v) for v in value] == [_words(a) for a in question.answer]
+        return isinstance(value, list | tuple) and [normal(v) for v in value] == [normal(a) for a in question.answer]
     if question.kind == "choice":
-        return _words(value) == _words(question.answer)
+        return normal(value) == normal(question.answer)
     return False  # text answers are read, not compared
 
 
 def parse_answer(question: PredictQuestion, text: str) -> Any:
-    """A learner's typed answer in the question's shape: a number; an order as items separated by commas,
-    semicolons or new lines; a choice by its text or its letter (a, b, ...)."""
+    """A learner's typed answer in the question's shape: a number (see `parse_number`; None when it is not one);
+    an order as items separated by commas, semicolons or new lines; a choice by its text or its letter (a, b, ...);
+    None for a choice that is neither."""
     text = text.strip()
     if question.kind == "number":
-        try:
-            return float(text.replace(",", "").replace("_", ""))
-        except ValueError:
-            return None
+        return parse_number(text)
     if question.kind == "order":
         return [item.strip() for item in re.split(r"[,;\n]", text) if item.strip()]
     if question.kind == "choice":
         letters = {chr(ord("a") + i): choice for i, choice in enumerate(question.choices)}
-        return letters.get(text.lower().rstrip(")."), text)
+        picked = letters.get(text.casefold().rstrip(")."))
+        if picked is not None:
+            return picked
+        return next((choice for choice in question.choices if normal(choice) == normal(text)), None)
     return text
+
+
+def invalid(question: PredictQuestion, text: str) -> str | None:
+    """Why ``text`` is not an answer of the question's kind (to ask again), or None when it is one."""
+    if not text.strip():
+        return "type an answer"
+    if question.kind == "number" and parse_answer(question, text) is None:
+        return "a number, such as 3528, 3,528 or 206352 bytes"
+    if question.kind == "choice" and parse_answer(question, text) is None:
+        letters = ", ".join(chr(ord("a") + i) for i in range(len(question.choices)))
+        return f"one of the letters {letters}, or a choice's text"
+    return None
+
+
+def order_difference(question: PredictQuestion, given: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(missing, extra): the guide's items the learner left out, and the learner's items the guide does not have,
+    compared as `normal` texts."""
+    wanted = [normal(a) for a in question.answer]
+    typed = [normal(g) for g in given]
+    missing = [a for a, n in zip(question.answer, wanted, strict=True) if n not in typed]
+    extra = [g for g, n in zip(given, typed, strict=True) if n not in wanted]
+    return missing, extra
 
 
 register_body_parser("predict", predict_blocks)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rich import box
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
@@ -188,26 +188,22 @@ def summary(report: SessionReport, *, claims: bool = True) -> RenderableType:
         ("torch ", "bold"), (f"{report.torch_version or '?'}", "bold"), f"{git} · ", (report.source, "dim")
     )
     heading.no_wrap, heading.overflow = True, "ignore"  # the path is read and copied whole
-    table = Table(box=box.SIMPLE_HEAD, expand=False, pad_edge=False)
-    # Guide ids are what a person acts on (--approve=<id>), so they are never truncated.
-    table.add_column("guide", no_wrap=True, min_width=max((len(g.id) for g in report.guides), default=5))
-    table.add_column("anchors ok", justify="right")
-    table.add_column("drifted", justify="right")
-    if claims:
-        table.add_column("claims ok", justify="right")
-        table.add_column("failed", justify="right")
-        table.add_column("skipped", justify="right")
+    rows = []
     for g in report.guides:
         ok = sum(1 for a in g.anchors if a.outcome in ("passed", "approved"))
-        cells = [g.id, str(ok), _num(g.count(g.anchors, "failed"), "red")]
+        cells = [Text(str(ok)), _num(g.count(g.anchors, "failed"), "red")]
         if claims:
             cells += [
                 _num(g.claims_held, "green"),
                 _num(g.count(g.claims, "failed"), "red"),
                 _num(g.count(g.claims, "skipped"), "yellow"),
             ]
-        table.add_row(*cells)
-    parts: list[RenderableType] = [heading, table]
+        rows.append((g.id, cells))
+    heads = ("anchors", "drifted", "claims", "failed", "skipped")[: 5 if claims else 2]
+    table = SummaryTable(heads, rows)
+    legend = "anchors: unchanged or approved · drifted: to re-read"
+    legend += " · claims: held (passed, or failed as their xfail expects)" if claims else ""
+    parts: list[RenderableType] = [heading, Text(legend, style="dim"), table]
     notes = [
         f"{g.id}/{a.name}: {a.drift.note()}"
         for g in report.guides
@@ -227,6 +223,34 @@ def summary(report: SessionReport, *, claims: bool = True) -> RenderableType:
         parts.append(Text(f"broken input (exit code 2): {len(report.broken)}", style="bold red"))
         parts += [Text(f"  {problem.splitlines()[0]}", style="red") for problem in report.broken]
     return Group(*parts)
+
+
+@dataclass(frozen=True)
+class SummaryTable:
+    """Counts per guide: a table where it fits whole, else a line per guide with each count named. Guide ids are
+    what a person acts on (``--approve=<id>``): never cut, never folded; neither are the headers."""
+
+    heads: tuple[str, ...]
+    rows: list[tuple[str, list[Text]]]
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        id_width = max((len(guide_id) for guide_id, _ in self.rows), default=5)
+        needed = id_width + sum(max(len(h), 3) for h in self.heads) + 2 * len(self.heads)
+        if needed <= options.max_width:
+            table = Table(box=box.SIMPLE_HEAD, expand=False, pad_edge=False, collapse_padding=True)
+            table.add_column("guide", no_wrap=True, min_width=id_width)
+            for head in self.heads:
+                table.add_column(head, justify="right", no_wrap=True)
+            for guide_id, cells in self.rows:
+                table.add_row(guide_id, *cells)
+            yield table
+            return
+        for guide_id, cells in self.rows:
+            counts = Text("  ")
+            for i, (head, cell) in enumerate(zip(self.heads, cells, strict=True)):
+                counts.append_text(Text.assemble(", " if i else "", cell, f" {head}"))
+            yield Text(guide_id, style="bold")
+            yield counts
 
 
 def drift_panel(guide: GuideReport, row: AnchorRow) -> RenderableType:

@@ -22,6 +22,8 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 from rich.console import Console
 
+from reader.format.parse import find_readings
+
 BROKEN = 2
 
 
@@ -60,7 +62,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    project = args.readings.resolve().parent  # the checkout whose guides run (readings/ is not packaged)
+    readings = find_readings(args.readings)
+    if readings is None:
+        console.print("[red]no readings directory[/]: pass --readings DIR (a checkout's readings/)")
+        return BROKEN
+    project = readings.resolve().parent  # the checkout whose guides run (readings/ is not packaged)
     try:
         legs = plan(args.releases, args.venvs, args.wheel, project)
     except ValueError as exc:

@@ -28,6 +28,7 @@ import pytest
 from rich.console import Console
 
 from checks.ranks.protocol import CheckRequest, Patch
+from reader.claims.progress import Progress, ProgressError
 from reader.claims.request import traced_request
 from reader.claims.verdict import failure_summary
 from reader.format.guide import ClaimSpec, Guide
@@ -178,6 +179,8 @@ def _record(reader: ReaderSession, item: GuideItem, report: pytest.TestReport) -
         if outcome == "failed" and verdict is not None and verdict.failure:
             reason, message = failure_summary(verdict)
         row.claims.append(ClaimRow(item.claim.id, item.claim.statement, outcome, message, reason, item.claim.line))
+        if verdict is not None:  # the claim was judged (not a preview, a slow skip or a missing GPU)
+            reader.findings.results[(guide.id, item.claim.id)] = outcome
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -211,6 +214,22 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     report.exit_code = int(session.exitstatus)
     if options.drift_report is not None:
         findings.written = write_drift_report(options.drift_report, report)
+    _remember(reader)
+
+
+def _remember(reader: ReaderSession) -> None:
+    """Record each judged claim's result in the learner's progress file (``fsdp-readings list`` shows it), with
+    the torch it ran on. Under torchrun every rank reached the same results; rank 0 writes them."""
+    findings, workspace = reader.findings, reader.resources.opened
+    if not findings.results or workspace is None or os.environ.get("RANK", "0") != "0":
+        return
+    try:
+        progress = Progress()
+        for (guide_id, claim_id), outcome in findings.results.items():
+            progress.record_claim(guide_id, claim_id, outcome, workspace.torch_version)
+        progress.save()
+    except (ProgressError, OSError) as exc:
+        findings.progress_problem = f"claim results not recorded: {exc}"
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -235,3 +254,5 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if findings.written:
         json_path, md_path = findings.written
         terminalreporter.write_line(f"drift report: {reader.display(json_path)}, {reader.display(md_path)}")
+    if findings.progress_problem:
+        terminalreporter.write_line(findings.progress_problem, yellow=True)

@@ -146,6 +146,8 @@ class Findings:
     lock_error: LockError | None = None
     written: tuple[Path, Path] | None = None  # the drift report's JSON and Markdown files
     verdicts: dict[tuple[str, str], Any] = field(default_factory=dict)  # (guide id, claim id) → ClaimVerdict
+    results: dict[tuple[str, str], str] = field(default_factory=dict)  # judged claims' item outcomes, to record
+    progress_problem: str | None = None  # why the results could not be recorded
 
     def approve(self, guide: Guide, anchor: AnchorSpec, was: Drift) -> None:
         self.approved.setdefault(guide.id, set()).add(anchor.name)

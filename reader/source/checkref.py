@@ -8,6 +8,7 @@ submodule path is walked on disk, and the module's source is indexed with the sa
 
 from __future__ import annotations
 
+import ast
 import difflib
 import importlib.machinery
 import importlib.util
@@ -51,6 +52,23 @@ class CheckFinder:
             f"`{attr}` is not defined in {module} ({located}){did_you_mean}",
             f"define `def {attr}(...)` in {located.name}, or correct `check`",
         )
+
+    def exercise_count(self, module: str) -> int:
+        """How many ``Exercise(...)`` a check module's ``EXERCISES`` tuple declares (`checks.breakit.exercises`),
+        read from its source: importing a check module imports torch."""
+        located = self._locate(module)
+        if located is None or located.suffix != ".py":
+            return 0
+        try:
+            tree = ast.parse(located.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, ValueError):
+            return 0
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            if any(isinstance(t, ast.Name) and t.id == "EXERCISES" for t in targets):
+                calls = node.value.elts if isinstance(node.value, ast.Tuple | ast.List) else []
+                return sum(1 for c in calls if isinstance(c, ast.Call) and getattr(c.func, "id", "") == "Exercise")
+        return 0
 
     def _locate(self, module: str) -> Path | None:
         top, *rest = module.split(".")

@@ -78,23 +78,32 @@ class RankTable:
         numbers = iter(range(1, len(self.rows) + 1))
         cells = [self._cells(row, 0 if row.marker else next(numbers)) for row in self.rows]
         heads = ("#", "".join(letter for letter, _ in LANES), "event", "source")
-        widths = [max((c[i].cell_len for c in cells), default=len(heads[i])) for i in range(4)]
+        widths = [max([len(heads[i]), *(c[i].cell_len for c in cells)]) for i in range(4)]
+        # A source location is one token (``_fully_shard/_fsdp_state.py:311``): it is never folded. Where it does
+        # not fit beside the events, it goes under each event, as the anchor does where there is no room for it.
+        source_beside = sum(widths) + _GAPS - 1 <= options.max_width
         room = options.max_width - sum(widths) - _GAPS  # what is left for the anchor column
-        beside = room >= _ANCHOR_ROOM
+        beside = source_beside and room >= _ANCHOR_ROOM
         table = Table(box=None, pad_edge=False, padding=(0, 1, 0, 0), show_edge=False, header_style="bold")
         table.add_column(heads[0], justify="right", no_wrap=True)
         table.add_column(heads[1], no_wrap=True)
-        table.add_column(heads[2], no_wrap=True)
-        table.add_column(heads[3], overflow="fold")
+        table.add_column(heads[2])  # events wrap at their words
+        if source_beside:
+            table.add_column(heads[3], no_wrap=True)
         if beside:
-            table.add_column("anchor", overflow="fold")
+            table.add_column("anchor", no_wrap=True)
         for number, lane, event, source, anchor in cells:
             fits = beside and anchor.cell_len <= room
-            table.add_row(number, lane, event, source, *([anchor if fits else ""] if beside else []))
-            if anchor.plain and not fits:  # under the source, on a line of its own
-                table.add_row("", "", "", anchor, *([""] if beside else []))
+            extra = [source] if source_beside else []
+            table.add_row(number, lane, event, *extra, *([anchor if fits else ""] if beside else []))
+            under = [line for line in ([] if source_beside else [source]) + [anchor] if line.plain]
+            if fits:
+                under = [line for line in under if line is not anchor]
+            for line in under:  # under the event, on a line of its own
+                padding = [""] * (len(extra) + int(beside))
+                table.add_row("", "", Text.assemble("  ", line), *padding)
         if not self.rows:
-            table.add_row("", "", Text("nothing recorded here", style="dim"), "")
+            table.add_row("", "", Text("nothing recorded here", style="dim"), *([""] * int(source_beside)))
         yield table
 
     def _cells(self, row: Row, number: int) -> tuple[Text, Text, Text, Text, Text]:

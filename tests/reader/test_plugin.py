@@ -730,3 +730,23 @@ def test_slow_claims_are_skipped_unless_asked_for(project: pytest.Pytester, monk
     assert project.runpytest("readings", "-k", "claim", "-m", "slow").parseoutcomes()["passed"] == 1
     monkeypatch.setenv("FSDP_READINGS_SLOW", "1")
     assert project.runpytest("readings", "-k", "claim").parseoutcomes()["passed"] == 2
+
+
+def test_claim_results_are_recorded_for_list_with_the_torch_they_ran_on(
+    project: pytest.Pytester, installed_tree: TorchTree, private_progress: Path
+):
+    """`pytest readings/` is the quick start's first command: `fsdp-readings list` right after it must show its
+    claim results (in the user data directory; the suite's tests point it at a private one). A claim that is
+    not judged (a preview, a slow one left out) is not recorded."""
+    from reader.claims.progress import Progress
+
+    failing = CLAIMS.replace('kwargs = { fake = "ok" }\n\n[[claims]]', 'kwargs = { fake = "fail" }\n\n[[claims]]', 1)
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR, claims=failing))
+    project.runpytest("readings", "-k", "claim").assert_outcomes(passed=1, failed=1)
+    recorded = Progress(private_progress / "progress.json")
+    version = installed_tree.source().version
+    assert recorded.claims("04-forward-prefetch", version) == {"forward-order": "failed", "no-prefetch": "passed"}
+    project.runpytest("readings", "-k", "claim", "--torch-source", str(installed_tree.root))  # a preview: skipped
+    assert Progress(private_progress / "progress.json").claims("04-forward-prefetch") == recorded.claims(
+        "04-forward-prefetch"
+    )

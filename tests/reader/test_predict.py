@@ -8,7 +8,16 @@ import pytest
 
 from reader.format.errors import GuideError
 from reader.format.parse import parse_guide
-from reader.format.predict import NotObserved, PredictQuestion, agrees, observed, parse_answer
+from reader.format.predict import (
+    NotObserved,
+    PredictQuestion,
+    agrees,
+    invalid,
+    observed,
+    order_difference,
+    parse_answer,
+    parse_number,
+)
 from tests.reader.reader_support import PREFETCH_ANCHOR, guide
 
 CLAIM = """
@@ -116,3 +125,41 @@ def test_answers_are_parsed_and_compared_by_kind() -> None:
     assert not agrees(choice, parse_answer(choice, "a)"))
     text = PredictQuestion("t", "q", "text", "because", "c", None, None, "", (), 0.0, 1, 2)
     assert not agrees(text, "because")  # text answers are compared by the learner, not scored
+
+
+def _question(kind: str, answer: object, choices: tuple[str, ...] = ()) -> PredictQuestion:
+    return PredictQuestion("q", "q", kind, answer, "c", None, None, "", choices, 0.0, 1, 2)
+
+
+def test_arrows_case_separators_and_units_are_read_as_a_learner_writes_them() -> None:
+    """Guides 06 and 17 write "→", 04 writes "->"; a reduce op is "AVG"; sizes come with separators and units."""
+    order = _question("order", ["root→1", "1→0"])
+    assert agrees(order, parse_answer(order, "root -> 1, 1 -> 0"))
+    assert agrees(order, parse_answer(order, "ROOT=>1; 1 → 0"))
+    assert not agrees(order, parse_answer(order, "root -> 0, 1 -> 0"))
+    choice = _question("choice", "AVG", ("SUM", "AVG"))
+    assert agrees(choice, parse_answer(choice, "avg")) and agrees(choice, parse_answer(choice, "B)"))
+    number = _question("number", 206352)
+    for typed in ("206352", "206,352", "206_352", "206 352", "206352 bytes", "206,352 B", "206352 elements"):
+        assert agrees(number, parse_answer(number, typed)), typed
+    assert parse_number("201.5 KiB") == 201.5 * 1024 and parse_number("1.5 MB") == 1.5e6
+    assert parse_number("zero") == 0 and parse_number("Three") == 3
+    assert not agrees(_question("number", 3), parse_answer(_question("number", 3), "zero"))
+
+
+def test_an_answer_that_does_not_fit_its_question_is_refused_with_the_reason() -> None:
+    number = _question("number", 4)
+    assert invalid(number, "four") is None and invalid(number, "4") is None
+    assert invalid(number, "lots") == "a number, such as 3528, 3,528 or 206352 bytes"
+    assert invalid(number, "4 apples") is not None  # not a unit: refused, never read as 4
+    choice = _question("choice", "late", ("early", "late"))
+    assert invalid(choice, "z") == "one of the letters a, b, or a choice's text"
+    assert invalid(choice, "LATE") is None and invalid(choice, "b") is None
+    assert invalid(_question("order", ["a"]), "") == "type an answer"
+
+
+def test_an_order_answer_names_what_is_missing_and_what_is_extra() -> None:
+    order = _question("order", ["root -> blocks.0", "blocks.0 -> blocks.1", "blocks.1 -> blocks.2"])
+    given = parse_answer(order, "root → blocks.0, blocks.1 -> blocks.2, blocks.2 -> blocks.3")
+    assert order_difference(order, given) == (["blocks.0 -> blocks.1"], ["blocks.2 -> blocks.3"])
+    assert order_difference(order, list(reversed(order.answer))) == ([], [])  # same items: only the order differs

@@ -6,6 +6,8 @@ import io
 import re
 from pathlib import Path
 
+import pytest
+
 from reader.commands.app import main, make_console
 from reader.format.parse import parse_guide
 from reader.gate.workspace import Workspace
@@ -81,7 +83,10 @@ def test_show_and_list_commands_on_the_real_guides(capsys) -> None:
     out = capsys.readouterr().out
     assert "def _post_forward_reshard(" in out  # quoted live from the installed torch
     assert "the root's storage is kept, not freed" in " ".join(out.split())  # a note pinned to its line
-    assert main(["--readings", str(readings), "show"]) == 2
+    with pytest.raises(SystemExit) as bare:  # a bare `show` is a usage error: it names the missing GUIDE_ID
+        main(["--readings", str(readings), "show"])
+    assert bare.value.code == 2
+    assert "the following arguments are required: GUIDE_ID" in capsys.readouterr().err
 
 
 def test_a_region_of_a_kind_the_renderer_does_not_know_is_shown_as_written(tmp_path: Path, quiz_parser: str):

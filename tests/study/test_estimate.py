@@ -87,7 +87,8 @@ def test_seeds_print_their_tables_and_figure_1() -> None:
         "$0.90",
     ):
         assert text in flat, text
-    assert re.search(r"ZeRO-2\s+28\s+3\.5\s+7\s+38\.5\s+\|?\s*14\s+1\.75\s+10\.5\s+26\.25", out)
+    assert re.search(r"fp32 Adam .*\n(.*\n)*ZeRO-2\s+28\s+3\.5\s+7\s+38\.5\n", out)
+    assert re.search(r"mixed precision .*\n(.*\n)*ZeRO-2\s+14\s+1\.75\s+10\.5\s+26\.25\n", out)
     code, doc = run_json(["--seeds"])
     assert doc["seeds"]["figure_1_gb"]["Pos+g"] == {"paper": "16.6 GB", "exact": 16.640625}
     quantities = {f["quantity"] for f in doc["seeds"]["figures"]}

@@ -1,0 +1,107 @@
+"""``predict``, ``exercise`` and ``check`` as a learner types at them, in a real pseudo-terminal (pexpect): a
+refused answer is asked again, keys typed while a claim runs are thrown away, and Ctrl-C prints one line, keeps
+what finished, exits 130 and leaves no rank process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pexpect
+import psutil
+import pytest
+
+from tests.study.test_commands import GUIDE, READINGS, REPO
+
+PROMPT = "your answer: "
+
+
+@pytest.fixture
+def terminal_env(data_dir: Path) -> dict[str, str]:
+    """The command's environment, with a tag its rank processes inherit, so that leftovers can be found."""
+    return {**os.environ, "FSDP_READINGS_TERMINAL_TEST": uuid.uuid4().hex, "COLUMNS": "100", "NO_COLOR": "1"}
+
+
+def spawn(argv: list[str], env: dict[str, str]) -> pexpect.spawn:
+    command = [sys.executable, "-m", "reader", "--readings", str(READINGS), *argv]
+    return pexpect.spawn(
+        command[0], command[1:], cwd=REPO, env=env, encoding="utf-8", dimensions=(50, 100), timeout=240
+    )
+
+
+def leftovers(tag: str) -> list[psutil.Process]:
+    """Live processes started for this test (they carry its tag), after a grace period for their exit."""
+    deadline = time.monotonic() + 15
+    while True:
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                if proc.environ().get("FSDP_READINGS_TERMINAL_TEST") == tag and proc.status() != psutil.STATUS_ZOMBIE:
+                    found.append(proc)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)
+
+
+def ended(child: pexpect.spawn) -> int:
+    child.expect(pexpect.EOF)
+    child.close()
+    return child.exitstatus
+
+
+def test_predict_asks_again_discards_typeahead_and_stops_on_ctrl_c(terminal_env, data_dir: Path) -> None:
+    child = spawn(["predict", GUIDE], terminal_env)
+    child.expect_exact(PROMPT)
+    child.sendline("z")  # not one of the choices
+    child.expect_exact("one of the letters a, b, c, or a choice's text; try again")
+    child.expect_exact(PROMPT)
+    child.sendline("b")
+    child.sendline("c")  # typed while the claim runs: must not become the next answer
+    child.expect_exact("2/3 · mismatch-surfaces")
+    child.expect_exact(PROMPT)
+    with pytest.raises(pexpect.TIMEOUT):  # "c" was discarded: nothing is answered until a key is typed now
+        child.expect_exact("you ", timeout=3)
+    child.sendline("a")
+    child.expect_exact("3/3 · root-all-gather-at-4")
+    child.expect_exact(PROMPT)
+    child.sendintr()  # Ctrl-C at the prompt
+    child.expect_exact("interrupted: 2 of 3 questions answered; their scores are kept")
+    transcript = child.before or ""
+    assert ended(child) == 130
+    assert "Traceback" not in transcript and "KeyboardInterrupt" not in transcript
+    saved = json.loads((data_dir / "progress.json").read_text())["predict"][GUIDE]
+    assert {q: a["answer"] for q, a in saved.items()} == {"is-root-at-construction": "b", "mismatch-surfaces": "a"}
+    assert saved["is-root-at-construction"]["honest"] is True and saved["mismatch-surfaces"]["honest"] is False
+    assert leftovers(terminal_env["FSDP_READINGS_TERMINAL_TEST"]) == []
+
+
+def test_an_exercise_is_not_used_up_by_an_answer_that_is_not_a_choice(terminal_env, data_dir: Path) -> None:
+    child = spawn(["exercise", "04-forward-prefetch", "two-ahead"], terminal_env)
+    child.expect_exact(PROMPT)
+    child.sendline("z")
+    child.expect_exact("try again")
+    child.expect_exact(PROMPT)
+    child.sendintr()
+    child.expect_exact("interrupted: 0 of 1 exercises done; their results are kept")
+    assert ended(child) == 130
+    assert not (data_dir / "progress.json").exists() or "exercises" not in json.loads(
+        (data_dir / "progress.json").read_text()
+    )
+
+
+def test_ctrl_c_while_check_runs_a_claim_leaves_no_rank_behind(terminal_env, data_dir: Path) -> None:
+    child = spawn(["check", GUIDE, "only-outermost-is-root", "padded-size-after-first-forward-at-4"], terminal_env)
+    child.expect("padded-size-after-first-forward-at-4")  # the progress line: the 4-rank claim is starting
+    time.sleep(2)  # its pool is starting or running
+    child.sendintr()
+    child.expect_exact("interrupted: 1 of 2 claims ran; their results are kept")
+    assert ended(child) == 130
+    saved = json.loads((data_dir / "progress.json").read_text())["claims"][GUIDE]
+    assert list(saved) == ["only-outermost-is-root"]
+    assert leftovers(terminal_env["FSDP_READINGS_TERMINAL_TEST"]) == []
