@@ -96,7 +96,7 @@ def one_step(
 def run_step(
     ctx: RankContext, model: nn.Module, workload: str, forward: tuple[str, ...], reshard: bool | None, *,
     forward_targets: dict[str, list[str]] | None = None, backward_targets: dict[str, list[str]] | None = None,
-    step: int = 1,
+    step: int = 1, label: str = "",
 ) -> dict[str, Any]:  # fmt: skip
     """One forward and backward of ``model``, whose inner units run in ``forward`` order: the events, torch's
     post-forward order (checked against ``forward``), the all-gathers issued in forward and in backward, and what
@@ -106,7 +106,7 @@ def run_step(
         backward_targets=backward_targets, no_input_grad=NO_INPUT_GRAD[workload],
     )  # fmt: skip
     where = {"workload": workload, "reshard_after_forward": str(reshard), "step": step}
-    with record_events(model) as events:
+    with record_events(model, label=label or f"step {step}, forward {', '.join(forward)}") as events:
         with record_comm() as forward_comm:
             loss = _loss(ctx, workload, model)
         order = torch_post_forward_order(model)
@@ -266,7 +266,8 @@ def order_of_this_step(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
         for step, order in ((1, [0, 1, 2]), (2, [2, 1, 0])):
             model.blocks.order = order
             forward = tuple(f"blocks.{i}" for i in order)
-            steps.append(run_step(ctx, model, "gpt", forward, None, backward_targets=targets, step=step))
+            label = f"{case}, step {step}, blocks {order}"
+            steps.append(run_step(ctx, model, "gpt", forward, None, backward_targets=targets, step=step, label=label))
         fetched = prefetches(steps[1]["sequence"], phase="backward")
         require_equal(fetched, want[case], reason="prefetches-differ", what=f"{case}: step 2's backward prefetches",
                       case=case)  # fmt: skip

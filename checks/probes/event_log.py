@@ -44,6 +44,7 @@ class EventLog:
     events: list[FsdpEvent] = field(default_factory=list)
     completed_iterations: int = 0
     notes: list[str] = field(default_factory=list)
+    label: str = ""  # what the check says this recording is ("step 2, blocks reversed"), for the timeline
 
     def __iter__(self) -> Iterator[FsdpEvent]:
         return iter(self.events)

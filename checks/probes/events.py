@@ -62,11 +62,12 @@ class RecorderFailed(AssertionError):
 
 
 @contextmanager
-def record_events(model: nn.Module | None = None) -> Iterator[EventLog]:
+def record_events(model: nn.Module | None = None, *, label: str = "") -> Iterator[EventLog]:
     """Record FSDP1 and FSDP2 events in the block (see the module docstring). ``model``: the root module, for
-    unit names. Raises `RecorderFailed` at exit if one of its hooks failed."""
+    unit names; ``label``: what this recording is, when a check records several ("step 2, blocks reversed"), as
+    ``fsdp-readings timeline`` names it. Raises `RecorderFailed` at exit if one of its hooks failed."""
     rank = dist.get_rank() if dist.is_initialized() else 0
-    log = EventLog(rank=rank, world_size=dist.get_world_size() if dist.is_initialized() else 1)
+    log = EventLog(rank=rank, world_size=dist.get_world_size() if dist.is_initialized() else 1, label=label)
     recording = Recording(model, rank)
     hooks = fsdp_hooks.hook_table(recording)
     with torch.autograd.set_multithreading_enabled(False), calls.subscribed(hooks) as subscription:

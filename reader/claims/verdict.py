@@ -14,7 +14,7 @@ A claim with ``xfail`` inverts the first half: it holds while its check fails wi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
@@ -68,15 +68,17 @@ def decide(
     *,
     display: Callable[[Path], str] = str,
     patches: tuple[Patch, ...] = (),
+    overrides: Mapping[str, Any] | None = None,
 ) -> ClaimVerdict:
     """Run ``claim`` through ``send`` and judge it. ``display`` says how the guide's path appears in the failure
-    text; ``patches`` are break-it patches applied in the ranks."""
+    text; ``patches`` are break-it patches applied in the ranks; ``overrides`` replace some of the claim's kwargs
+    (``timeline --compare``)."""
     where = f"{display(guide.path)}:{claim.line}"
     skip = version_skip(claim, workspace.torch_version) or gpu_skip(claim)
     if skip is not None:
         return ClaimVerdict(None, skipped=skip)
     try:
-        request, resolutions = traced_request(workspace, guide, claim, patches=patches)
+        request, resolutions = traced_request(workspace, guide, claim, patches=patches, **(overrides or {}))
     except UnresolvedAnchors as exc:
         return ClaimVerdict(None, blocked_claim(where, display(guide.path), guide, claim, exc.failed))
     try:

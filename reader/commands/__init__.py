@@ -1,6 +1,6 @@
-"""``fsdp-readings``, one module per command: ``app`` (the command table, parser and console), ``session``
-(what every command opens), ``guides`` (list, show, drift, approve), ``check``, ``predict``, ``exercise``,
-``timeline``, ``memory``, ``layout``, ``estimate``; ``runner`` runs their claims, ``answers`` reads a learner's.
+"""``fsdp-readings``: ``app`` (the command table, the parser, the console, the path shown with no command),
+``guides`` (list, show, drift, approve), ``path`` (the reading path and the glossary), ``search``, ``estimate``;
+the commands that run claims are in ``study``.
 
-May import: source, format, gate, claims, views.
+May import: source, format, gate, claims, views, study.
 """

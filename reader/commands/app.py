@@ -16,8 +16,9 @@ from typing import Any
 
 from rich.console import Console
 
-from reader.commands import check, estimate, exercise, guides, layout, memory, predict, timeline
+from reader.commands import estimate, guides, path, search
 from reader.gate import upgrade_gate
+from reader.study import check, exercise, layout, memory, predict, timeline
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class Command:
 
 
 COMMANDS: list[Command] = [
+    Command("path", "where to start, and the tracks of guides in reading order", path.configure_path, path.run_path),
     Command("list", "the guides, in reading order", guides.configure_list, guides.run_list),
     Command(
         "show",
@@ -70,6 +72,13 @@ COMMANDS: list[Command] = [
         upgrade_gate.run,
     ),
     Command(
+        "search",
+        "the guides, claims, notes, symbols and terms that mention every word given",
+        search.configure,
+        search.run,
+    ),
+    Command("glossary", "the words the guides use, defined", path.configure_glossary, path.run_glossary),
+    Command(
         "timeline",
         "a claim's FSDP events and collectives in issue order, each with the torch line that issued it",
         timeline.configure,
@@ -81,7 +90,8 @@ COMMANDS: list[Command] = [
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fsdp-readings", description="Reading guides over PyTorch FSDP's source.")
     readings_option(parser, default=None)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.set_defaults(run=path.run_path)  # no command: the reading path, where to start
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in COMMANDS:
         sub = commands.add_parser(command.name, help=command.help, description=command.help)
         command.configure(sub)

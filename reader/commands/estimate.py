@@ -27,8 +27,8 @@ from checks.models.cost import PRECISIONS, STRATEGIES, Estimate, Link, Plan, Pla
 from checks.models.seed_figures import figure_1, figures, zero_table
 from checks.models.zero_memory import Param
 from checks.naming import ROOT, clean
-from reader.commands.session import BROKEN, CLEAN, DRIFT
-from reader.views.fit import Column, fit_table
+from reader.study.session import BROKEN, CLEAN, DRIFT
+from reader.views.fit import Column, fit_table, indented
 
 EXAMPLES = """examples:
   fsdp-readings estimate 7B --world-size 8                      # every strategy, fp32 Adam
@@ -317,7 +317,16 @@ def _ratio(value: Fraction) -> str:
     return cost.number(value) if (value * 10**5).denominator == 1 else f"≈{float(value):.4f}"
 
 
+SEEDS = (
+    "The seeds are the course documents this suite serves, written in Spanish and not shipped here ("
+    "`fsdp-readings glossary seeds`): why distribute, data parallel with ZeRO and FSDP, the ring all-reduce with "
+    "its strategy table, ZeRO-1/2/3 from scratch. Each figure below is one of theirs, as they state it, then "
+    "checked."
+)
+
+
 def print_seeds(console: Console) -> None:
+    console.print(indented(SEEDS, console.width, indent=""), soft_wrap=False)
     rows: list[list[str | Text]] = []
     for f in figures():
         rows.append(

@@ -11,7 +11,6 @@ from rich.table import Table
 from rich.text import Text
 
 from reader.claims.progress import Progress, ProgressError, Section
-from reader.commands.session import BROKEN, CLEAN, DRIFT, add_common, display, open_session
 from reader.format.guide import Guide
 from reader.format.predict import PredictQuestion
 from reader.gate.drift import DriftKind
@@ -20,8 +19,10 @@ from reader.gate.lock import check_release
 from reader.gate.report import AnchorRow, anchor_row, drift_panel, summary
 from reader.gate.workspace import NotApprovable, Workspace
 from reader.source.checkref import CheckFinder
+from reader.study.session import BROKEN, CLEAN, DRIFT, add_common, display, open_session
 from reader.views.fit import indented, items_line
 from reader.views.guide import print_guide
+from reader.views.path import print_next
 
 
 def configure_drift(parser: argparse.ArgumentParser) -> None:
@@ -262,6 +263,8 @@ def run_show(args: argparse.Namespace, console: Console) -> int:
         _reveal_answers(guides, console)
     for guide in guides:
         print_guide(console, guide, session.workspace, answers=args.answers)
+    if len(guides) == 1:
+        print_next(console, args.readings, guides[0].id)
     return BROKEN if session.broken else CLEAN
 
 

@@ -27,6 +27,11 @@ _EVENT_LANES = {
 }  # fmt: skip
 _BACKWARD_KINDS = frozenset({"pre_backward", "post_backward", "reduce_grad"})
 _DTYPES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float64": "fp64"}
+_ITEMSIZE = {
+    "torch.float32": 4, "torch.bfloat16": 2, "torch.float16": 2, "torch.float64": 8, "torch.int32": 4,
+    "torch.int64": 8, "torch.uint8": 1, "torch.int8": 1, "torch.bool": 1,
+}  # fmt: skip
+OUTSIDE_BACKWARD = "outside backward"  # a collective of a recording without FSDP events, not issued by autograd
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,9 @@ class Row:
     anchor: str | None = None  # the narrowest quoted anchor holding ``source`` or ``via``
     recording: int = 1  # which record_events block (iterations restart in each)
     marker: bool = False
+    label: str = ""  # the recording's label, as the check gave it (`record_events(label=...)`)
+    held: tuple[str, ...] = ()  # units unsharded after this row (FSDP events only), in the order they were
+    held_bytes: int | None = None  # their bytes, when every one's all-gather was recorded
 
 
 def event_text(event: Any) -> str:
@@ -87,8 +95,15 @@ def event_text(event: Any) -> str:
 
 
 def collective_text(record: Any) -> str:
+    """``all_gather 16,020 fp32 (64,080 B)``: the op, its elements, their dtype and their bytes."""
     dtype = _DTYPES.get(record.dtype, record.dtype.removeprefix("torch."))
-    return f"{record.op} {record.numel:,} {dtype}".rstrip()
+    nbytes = record_bytes(record)
+    return f"{record.op} {record.numel:,} {dtype}".rstrip() + (f" ({nbytes:,} B)" if nbytes is not None else "")
+
+
+def record_bytes(record: Any) -> int | None:
+    size = _ITEMSIZE.get(record.dtype)
+    return record.numel * size if size is not None else None
 
 
 def logs_of(captured: Iterable[Any]) -> tuple[list[Any], list[Any]]:
@@ -99,35 +114,90 @@ def logs_of(captured: Iterable[Any]) -> tuple[list[Any], list[Any]]:
 
 def rows(captured: Iterable[Any], spans: Sequence[Span] = ()) -> list[Row]:
     """Every event and collective of one rank in ``seq`` order, with a marker row where a compute phase (or an
-    iteration) begins. Collectives take the iteration of the event before them and the current phase (backward
-    when autograd issued them)."""
+    iteration, or a recording) begins. A collective takes the iteration and phase of the FSDP event before it in
+    its recording, and backward whenever autograd issued it. In a recording with no FSDP events (`record_comm`
+    alone) a collective is in backward when autograd issued it and outside backward otherwise, and an iteration
+    ends where a backward does."""
     event_logs, comm_logs = logs_of(captured)
-    merged: dict[tuple[int, str], tuple[Any, int]] = {}
+    merged: dict[tuple[int, str], tuple[Any, int, str]] = {}
     for number, log in enumerate(event_logs, start=1):
         for event in log.events:
-            merged.setdefault((event.seq, "event"), (event, number))
-    for log in comm_logs:  # nested record_comm blocks would record a collective twice, with different seqs
+            merged.setdefault((event.seq, "event"), (event, number, getattr(log, "label", "")))
+    for number, log in enumerate(comm_logs, start=1):  # nested blocks would record a collective twice
         for record in log.records:
-            merged.setdefault((record.seq, "comm"), (record, 0))
+            merged.setdefault((record.seq, "comm"), (record, number, ""))
     out: list[Row] = []
-    phase, iteration, recording, opened = "", 0, 1, ("", 0, 0)
-    for (seq, what), (item, number) in sorted(merged.items()):
+    phase, iteration, recording, label, opened = "", 0, 1, "", ("", 0, 0)
+    held = _Held()
+    comm_only = {"iteration": 1, "was_backward": False, "log": 0}
+    for (seq, what), (item, number, log_label) in sorted(merged.items()):
         if what == "event":
-            iteration, recording = item.iteration, number
+            if number != recording:
+                held = _Held()  # a new recording: often a new model, nothing unsharded yet
+            iteration, recording, label = item.iteration, number, log_label
             phase = _phase_at(item, phase, iteration_changed=bool(out) and out[-1].iteration != iteration)
+            held.event(item)
             row = Row(seq, iteration, phase, _EVENT_LANES.get(item.kind, "F"), event_text(item), item.source, item.via)
         else:
             lane = "U" if item.op == "all_gather" else "C"
-            here = "backward" if item.in_backward else phase
-            row = Row(seq, iteration or 1, here, lane, collective_text(item), item.source, recording=recording)
-        row = replace(row, recording=recording, anchor=anchor_of(row, spans))
+            held.collective(item)
+            if event_logs:
+                here, at = ("backward" if item.in_backward else phase), iteration or 1
+            else:  # no FSDP event to say where this is: autograd says backward, nothing says forward
+                if -number != comm_only["log"]:
+                    comm_only.update(iteration=1, was_backward=False, log=-number)
+                if comm_only["was_backward"] and not item.in_backward:
+                    comm_only["iteration"] += 1
+                comm_only["was_backward"] = item.in_backward
+                here, at, recording = (
+                    ("backward" if item.in_backward else OUTSIDE_BACKWARD),
+                    comm_only["iteration"],
+                    -number,
+                )
+            row = Row(seq, at, here, lane, collective_text(item), item.source, recording=recording)
+        row = replace(row, recording=recording, label=label, anchor=anchor_of(row, spans), **held.now())
         if row.phase and (row.phase, row.iteration, row.recording) != opened:
             opened = (row.phase, row.iteration, row.recording)
-            out.append(Row(seq, row.iteration, row.phase, "F", row.phase, recording=recording, marker=True))
+            marker = Row(seq, row.iteration, row.phase, "F", row.phase, recording=recording, marker=True, label=label)
+            out.append(marker)
         out.append(row)
         if what == "event" and item.kind == "final_callback":
             phase = ""
     return out
+
+
+class _Held:
+    """Which units hold unsharded parameters, from the unshard and free events, and their bytes, from the
+    all-gather each unshard issued (None when one was not recorded)."""
+
+    def __init__(self) -> None:
+        self.units: list[str] = []
+        self.sizes: dict[str, int] = {}
+        self.gathering: str | None = None  # the unit whose unshard's all-gather comes next
+
+    def event(self, event: Any) -> None:
+        """An unshard holds its unit (one with no all-gather found it held already), a prefetch its target, a
+        free lets its unit go; a reshard that keeps the storage (FSDP1's root) changes nothing."""
+        unit = event.target if event.kind == "prefetch" else event.unit
+        if event.kind in ("unshard", "prefetch"):
+            if event.kind == "prefetch" or event.detail != "no all-gather":
+                self.gathering = unit
+            if unit not in self.units:
+                self.units.append(unit)
+        elif event.kind == "free" and unit in self.units:
+            self.units.remove(unit)
+
+    def collective(self, record: Any) -> None:
+        if record.op == "all_gather" and self.gathering is not None:
+            nbytes = record_bytes(record)
+            if nbytes is not None:
+                self.sizes[self.gathering] = nbytes
+            self.gathering = None
+
+    def now(self) -> dict[str, Any]:
+        known = all(unit in self.sizes for unit in self.units)
+        total = sum(self.sizes[u] for u in self.units) if known else None
+        return {"held": tuple(self.units), "held_bytes": total}
 
 
 def _phase_at(event: Any, phase: str, *, iteration_changed: bool) -> str:

@@ -101,7 +101,7 @@ def test_check_reports_an_expected_failure_and_the_day_it_is_fixed(pool) -> None
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
-        (["check", "99-nope"], "unknown guide id(s): 99-nope"),
+        (["check", "99-nope"], "unknown guide id: 99-nope"),
         (["check", GUIDE, "no-such-claim"], "has no claim no-such-claim"),
         (["predict", "00-format"], "has no predict questions"),
     ],

@@ -20,10 +20,16 @@ def test_the_picture_draws_the_probes_numbers(pool: PoolManager, data_dir, tmp_p
     code, out = run(["memory", "03-unshard-reshard", CLAIM, "--svg", str(picture)], pool, width=80)
     assert code == 0, out
     assert max(len(line) for line in out.splitlines()) <= 80 and not ANSI.search(out)
-    # Terminal: each moment's total, in KiB, as the probe counted it.
-    for moment, categories in probe["FULL_SHARD"]:
-        total = sum(categories[k] for k in ("params", "unsharded", "grads", "optim"))
-        assert re.search(rf"{re.escape(moment)}\s+│\s+{total / 1024:.1f}\s", out), moment
+    # Terminal: each moment's total, in bytes, as the probe counted it; each series' peak; the scale.
+    categories_drawn = ("params", "unsharded", "grads", "optim")
+    for label, points in probe.items():
+        totals = [(moment, sum(c[k] for k in categories_drawn)) for moment, c in points]
+        for moment, total in totals:
+            assert re.search(rf"^{re.escape(moment)}\s+{total:,} B\s", out, re.M), (label, moment)
+        peak_moment, peak = max(totals, key=lambda t: t[1])
+        assert f"peak {peak:,} B at {peak_moment}" in out
+    largest = max(sum(c[k] for k in categories_drawn) for points in probe.values() for _, c in points)
+    assert f"scale: the longest bar is {largest:,} B" in out
     # SVG: every bar carries the exact bytes of one (series, moment, category).
     drawn = {
         (r.get("data-series"), r.get("data-moment"), r.get("data-category")): int(r.get("data-bytes"))
@@ -38,7 +44,28 @@ def test_the_picture_draws_the_probes_numbers(pool: PoolManager, data_dir, tmp_p
         if category != "buffers"
     }
     assert drawn == expected
-    assert "extra_unsharded_bytes: 192240" in out
+    assert "extra_unsharded_bytes: 192,240" in out and "all_gathers: FULL_SHARD 7 · SHARD_GRAD_OP 4" in out
+    root = ET.parse(picture).getroot()
+    texts = list(root.iter("{http://www.w3.org/2000/svg}text"))
+    totals = {int(x.get("data-total")) for x in texts if x.get("data-total")}
+    assert totals == {sum(c[k] for k in categories_drawn) for points in probe.values() for _, c in points}
+    ticks = [int(x.get("data-tick")) for x in texts if x.get("data-tick") is not None]
+    assert ticks[0] == 0 and ticks[-1] == largest and len(ticks) == 5  # an axis in bytes
+    ground = next(root.iter("{http://www.w3.org/2000/svg}rect"))
+    assert ground.get("fill") == "#ffffff" and ground.get("width") == root.get("width")  # opaque as a PNG
+
+
+def test_without_colour_each_category_has_a_glyph_of_its_own() -> None:
+    from rich.console import Console
+
+    from reader.views.memory import GLYPHS, picture
+
+    series = {"s": [("m", {"params": 100, "unsharded": 100, "grads": 100, "optim": 100})]}
+    console = Console(record=True, width=80, color_system=None, force_terminal=False)
+    console.print(picture(series, "t"))
+    bar = next(line for line in console.export_text().splitlines() if line.startswith("m "))
+    assert [g for g in GLYPHS.values() if g in bar] == list(GLYPHS.values())  # four glyphs, in category order
+    assert len(set(GLYPHS.values())) == 4
 
 
 def test_a_claim_without_a_memory_series_says_so(pool: PoolManager, data_dir) -> None:

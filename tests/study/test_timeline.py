@@ -26,7 +26,6 @@ READINGS = REPO / "readings"
 TORCH_PARENT = Path(torch.__file__).resolve().parent.parent
 ANSI = re.compile(r"\x1b\[")
 GUIDE, CLAIM = "04-forward-prefetch", "follows-iteration-1-order"
-PREFETCH_ROW = re.compile(r"prefetch (\S+) -> (\S+)\s+(\S+\.py):(\d+) › (\d+)(?:\s+★ (\S+))?")
 EOD = "torch.distributed.fsdp._exec_order_utils:_ExecOrderData"
 
 
@@ -45,20 +44,31 @@ def section(out: str, start: str, end: str | None = None) -> str:
     return tail[: tail.index(end)] if end is not None and end in tail else tail
 
 
+PREFETCH = re.compile(r"prefetch (\S+) -> (\S+)")
+SOURCE = re.compile(r"(\S+\.py):(\d+) › (\d+)")
+ANCHOR = re.compile(r"★ (\S+)")
+ROW_START = re.compile(r"^\s*\d+ [F·][U·][P·][R·][C·] ")
+
+
 def prefetch_rows(text: str) -> list[tuple[str, str, str, int, int, str | None]]:
-    """(issuer, target, file, source line, via line, anchor) of each prefetch row; at 80 columns an anchor that
-    does not fit beside its source is on the line below it."""
+    """(issuer, target, file, source line, via line, anchor) of each prefetch row. Where they do not fit beside
+    the event, the held units, the source and the anchor are on the lines under it, up to the next row."""
     lines = text.splitlines()
     found = []
     for i, line in enumerate(lines):
-        match = PREFETCH_ROW.search(line)
-        if match is None:
+        match = PREFETCH.search(line)
+        if match is None or not ROW_START.match(line):
             continue
-        issuer, target, file, source, via, anchor = match.groups()
-        if anchor is None and i + 1 < len(lines):
-            below = re.match(r"\s+★ (\S+)\s*$", lines[i + 1])
-            anchor = below.group(1) if below else None
-        found.append((issuer, target, file, int(source), int(via), anchor))
+        block = [line]
+        for below in lines[i + 1 :]:
+            if ROW_START.match(below) or "━" in below:
+                break
+            block.append(below)
+        joined = " ".join(block)
+        source, anchor = SOURCE.search(joined), ANCHOR.search(joined)
+        assert source is not None, block
+        file, line_no, via = source.groups()
+        found.append((*match.groups(), file, int(line_no), int(via), anchor.group(1) if anchor else None))
     return found
 
 
@@ -131,7 +141,7 @@ def test_a_check_that_records_nothing_says_so(pool: PoolManager) -> None:
     ("argv", "says"),
     [
         ([GUIDE, "no-such-claim"], f"{GUIDE} has no claim no-such-claim"),
-        (["99-nothing", CLAIM], "unknown guide id(s): 99-nothing"),
+        (["99-nothing", CLAIM], "unknown guide id: 99-nothing"),
         ([GUIDE, CLAIM, "--rank", "2"], "no rank 2"),
     ],
 )
@@ -177,12 +187,44 @@ def test_rows_merge_collectives_into_their_phase_and_mark_the_narrowest_anchor()
         (True, "forward", 1, "F", "forward"),
         (False, "forward", 1, "F", "root pre-forward (root)"),
         (False, "forward", 1, "U", "unshard root"),
-        (False, "forward", 1, "U", "all_gather 1,000 fp32"),
+        (False, "forward", 1, "U", "all_gather 1,000 fp32 (4,000 B)"),
         (True, "backward", 1, "F", "backward"),
         (False, "backward", 1, "F", "pre-backward root"),
-        (False, "backward", 1, "C", "reduce_scatter 8 bf16"),
+        (False, "backward", 1, "C", "reduce_scatter 8 bf16 (16 B)"),
         (False, "backward", 1, "F", "final callback"),
         (True, "forward", 2, "F", "forward"),
         (False, "forward", 2, "F", "root pre-forward (root)"),
     ]
     assert [r.anchor for r in drawn if r.source] == ["statement", None]
+    # The unshard holds root; its all-gather (1,000 fp32) is root's size.
+    assert [(r.text, r.held, r.held_bytes) for r in drawn if not r.marker][1:3] == [
+        ("unshard root", ("root",), None),
+        ("all_gather 1,000 fp32 (4,000 B)", ("root",), 4000),
+    ]
+
+
+def test_a_recording_without_fsdp_events_puts_only_autograds_collectives_under_backward() -> None:
+    """A check that records collectives alone (DDP, or FSDP without record_events): a collective autograd issued
+    is in backward; the others are outside backward, not under the last backward marker; an iteration ends
+    where a backward does."""
+
+    class Record:
+        def __init__(self, **kw) -> None:
+            self.__dict__.update(kw)
+
+    def collective(seq: int, op: str, in_backward: bool) -> Record:
+        return Record(seq=seq, op=op, numel=4, dtype="torch.float32", source="", in_backward=in_backward)
+
+    comm = Record(records=[
+        collective(1, "all_reduce", True),  # DDP's bucket, from autograd
+        collective(2, "all_gather", False),  # an FSDP forward all-gather
+        collective(3, "reduce_scatter", True),
+        collective(4, "all_gather", False),  # the next step's forward
+    ])  # fmt: skip
+    drawn = rows([comm])
+    assert [(r.marker, r.phase, r.iteration) for r in drawn] == [
+        (True, "backward", 1), (False, "backward", 1),
+        (True, "outside backward", 2), (False, "outside backward", 2),
+        (True, "backward", 2), (False, "backward", 2),
+        (True, "outside backward", 3), (False, "outside backward", 3),
+    ]  # fmt: skip

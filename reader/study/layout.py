@@ -12,8 +12,8 @@ import argparse
 from rich.console import Console
 from rich.text import Text
 
-from reader.commands.runner import pool_options, run_for_rank
-from reader.commands.session import CLEAN, DRIFT
+from reader.study.runner import pool_options, run_for_rank
+from reader.study.session import CLEAN, DRIFT
 
 EXAMPLES = """examples:
   fsdp-readings layout 12-flat-parameter layout-at-4

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import pprint
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -14,11 +15,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.text import Text
 
 from reader.claims.verdict import ClaimVerdict
-from reader.commands.answers import interrupted
-from reader.commands.runner import FAILED, claim_runner, one_guide, pick_claims, pool_options
-from reader.commands.session import BROKEN, CLEAN
 from reader.format.guide import ClaimSpec, Guide
-from reader.views.fit import fitted
+from reader.study.answers import interrupted
+from reader.study.runner import FAILED, claim_runner, one_guide, pick_claims, pool_options
+from reader.study.session import BROKEN, CLEAN
+from reader.views.fit import fitted, indented
+from reader.views.path import print_next
 
 EXAMPLES = """examples:
   fsdp-readings check 04-forward-prefetch                   every claim of guide 04, on the rank pool
@@ -72,6 +74,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     console.print(", ".join(f"{counts[s]} {s}" for s in shown))
     if stopped:
         return interrupted(console, f"{len(rows)} of {len(claims)} claims ran; their results are kept")
+    print_next(console, args.readings, guide.id)
     return FAILED if counts["failed"] else CLEAN
 
 
@@ -85,17 +88,58 @@ def _progress(console: Console) -> Iterator[Progress]:
 RESULT_STYLES = {"skipped": "yellow", "failed": "red", "passed": "green", "xfailed": "cyan", "xpassed": "yellow"}
 
 
+MEASURED = 240  # characters of what a claim's check returned, shown under it
+
+
 def _results(guide: Guide, rows: list[tuple[ClaimSpec, ClaimVerdict, float]], width: int) -> RenderableType:
-    """One line per claim: result, ranks, seconds, then the claim id (last, whole: it moves to a line of its own
-    where it does not fit); a skipped claim's reason under it."""
+    """A block per claim: result, ranks and the seconds its check ran in the ranks, then the claim id (whole: it
+    moves to a line of its own where it does not fit); under it the claim's sentence and what its check returned
+    on rank 0 (or why it was skipped). The time of starting the pools, which the first claim of each world size
+    waits for, is given apart, under the blocks."""
     lines: list[Text] = [Text(f"claims of {guide.id}", style="bold")]
+    overhead = 0.0
     for claim, verdict, seconds in rows:
         result = verdict.status.value
+        in_ranks = _check_seconds(verdict)
+        overhead += max(0.0, seconds - (in_ranks or 0.0))
+        timing = f"{in_ranks:5.1f} s" if in_ranks is not None else "    - "
         head = Text.assemble(
             ((result.upper() if result == "failed" else result).ljust(8), RESULT_STYLES[result]),
-            f"{claim.world_size} ranks  {seconds:5.1f} s  ",
+            f"{claim.world_size} ranks  {timing}  ",
         )
         lines.append(fitted(head, claim.id, width))
+        lines.append(indented(claim.statement, width, indent="    "))
         if verdict.skipped:
-            lines.append(Text(f"    {verdict.skipped}", style="dim", overflow="fold"))
+            lines.append(indented(f"skipped: {verdict.skipped}", width, "yellow", indent="    "))
+        elif (shown := _measured(verdict)) is not None:
+            lines.append(indented(f"measured: {shown}", width, "dim", indent="    "))
+    total = sum(seconds for _, _, seconds in rows)
+    lines.append(
+        indented(
+            f"{total:.1f} s in all: {total - overhead:.1f} s in the claims' checks (the times above), "
+            f"{overhead:.1f} s starting rank pools and passing messages",
+            width,
+            "dim",
+            indent="",
+        )
+    )
     return Group(*lines)
+
+
+def _check_seconds(verdict: ClaimVerdict) -> float | None:
+    """How long the check ran in its slowest rank (pool start-up excluded); None when it did not run."""
+    results = verdict.outcome.results if verdict.outcome is not None else []
+    return max((r.duration for r in results), default=None) if results else None
+
+
+def _measured(verdict: ClaimVerdict) -> str | None:
+    """Rank 0's returned value, compact and cut at a word, for a claim whose check returned one."""
+    if verdict.outcome is None or verdict.outcome.failure or not verdict.outcome.results:
+        return None
+    value = verdict.outcome.values()[0]
+    if value is None:
+        return None
+    text = " ".join(pprint.pformat(value, width=10_000, sort_dicts=False, compact=True).split())
+    if len(text) <= MEASURED:
+        return text
+    return text[: text.rfind(" ", 0, MEASURED)] + " ..."

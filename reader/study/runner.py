@@ -17,8 +17,8 @@ from rich.console import Console
 from checks.ranks.protocol import CheckRequest, CheckRun
 from reader.claims.progress import Progress, ProgressError
 from reader.claims.verdict import ClaimVerdict, decide
-from reader.commands.session import BROKEN, CLEAN, DRIFT, Session, display, open_session
 from reader.format.guide import ClaimSpec, Guide
+from reader.study.session import BROKEN, CLEAN, DRIFT, Session, display, open_session
 
 FAILED = DRIFT  # exit 1: a claim failed (README: 0 clean, 1 failed, 2 broken input)
 
@@ -37,7 +37,14 @@ class ClaimRunner:
         self._owns_manager = manager is None
         self._verdicts: dict[tuple[str, str], ClaimVerdict] = {}
 
-    def verdict(self, guide: Guide, claim: ClaimSpec) -> ClaimVerdict:
+    def verdict(self, guide: Guide, claim: ClaimSpec, overrides: dict[str, Any] | None = None) -> ClaimVerdict:
+        """The claim's verdict, run once; with ``overrides`` (some of its kwargs replaced) a run of its own, kept
+        apart: it is not the claim's result."""
+        if overrides:
+            return decide(
+                self.session.workspace, guide, claim, self._send, display=display, patches=self.patches,
+                overrides=overrides,
+            )  # fmt: skip
         key = (guide.id, claim.id)
         if key not in self._verdicts:
             self._verdicts[key] = self._run(guide, claim)

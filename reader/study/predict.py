@@ -17,9 +17,6 @@ from rich.text import Text
 from reader.claims.progress import Progress as Scores
 from reader.claims.progress import ProgressError
 from reader.claims.verdict import observed_run
-from reader.commands.answers import Check, EndOfInput, interrupted, prompt, read_answers
-from reader.commands.runner import FAILED, ClaimRunner, claim_runner, one_guide, pool_options
-from reader.commands.session import BROKEN, CLEAN
 from reader.format.guide import Guide
 from reader.format.predict import (
     NotObserved,
@@ -30,6 +27,10 @@ from reader.format.predict import (
     order_difference,
     parse_answer,
 )
+from reader.study.answers import Check, EndOfInput, interrupted, prompt, read_answers
+from reader.study.runner import FAILED, ClaimRunner, claim_runner, one_guide, pool_options
+from reader.study.session import BROKEN, CLEAN
+from reader.views.path import print_next
 
 EXAMPLES = """examples:
   fsdp-readings predict 04-forward-prefetch                 asks each question, then runs its claim
@@ -103,6 +104,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if ended is not None:
         console.print(f"[red]{ended}[/]: {kept}")
         return BROKEN
+    print_next(console, args.readings, guide.id)
     return FAILED if any(r.failure for r in reveals) else CLEAN
 
 

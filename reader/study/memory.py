@@ -14,9 +14,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from reader.commands.runner import pool_options, run_for_rank
-from reader.commands.session import CLEAN, DRIFT
-from reader.views.memory import Series, picture, svg
+from reader.study.runner import pool_options, run_for_rank
+from reader.study.session import CLEAN, DRIFT
+from reader.views.memory import Series, extras, picture, svg
 
 EXAMPLES = """examples:
   fsdp-readings memory 03-unshard-reshard memory-over-the-step
@@ -45,9 +45,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[red]{args.claim} records no memory series[/] (its check returns no `series`)")
         return DRIFT
     console.print(picture(series, f"{guide.id} · {args.claim} · rank {args.rank}"), soft_wrap=False)
-    for key, item in value.items():
-        if key != "series":
-            console.print(Text(f"{key}: {item}", overflow="fold"), soft_wrap=False)
+    for line in extras(value):
+        console.print(line, soft_wrap=False)
     if args.svg is not None:
         args.svg.write_text(svg(series, f"{guide.id} · {args.claim} · rank {args.rank}"), encoding="utf-8")
         console.print(Text(f"wrote {args.svg}", style="dim", overflow="fold"), soft_wrap=False)

@@ -4,21 +4,25 @@ it breaks, then the guide's claims run with the patch to show which fail, and wh
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.markdown import Markdown
 from rich.panel import Panel
+from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from checks.breakit.patches import SABOTAGE
 from reader.claims.progress import Progress as Scores
 from reader.claims.progress import ProgressError
 from reader.claims.verdict import ClaimVerdict
-from reader.commands.answers import Check, EndOfInput, interrupted, prompt, read_answers
-from reader.commands.runner import FAILED, claim_runner, one_guide, pool_options
-from reader.commands.session import BROKEN, CLEAN
+from reader.study.answers import Check, EndOfInput, interrupted, prompt, read_answers
+from reader.study.runner import FAILED, claim_runner, one_guide, pool_options
+from reader.study.session import BROKEN, CLEAN
 
 EXAMPLES = """examples:
   fsdp-readings exercise 04-forward-prefetch                each puzzle: read the patch, name the claim it breaks
@@ -78,7 +82,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 main = verdicts[exercise.claim]
                 reason = main.outcome.reason if main.outcome is not None else None
                 surprises += int(main.failure is None or reason != exercise.reason)
-                solution = _solution(exercise, given, guessed, failing=failing, main=main, reason=reason)
+                solution = _solution(exercise, given, guessed, failing=failing, verdicts=verdicts)
                 console.print(solution, soft_wrap=False)
                 seen = f"failing: {', '.join(failing) or 'none'}"
                 scores.record_exercise(guide.id, exercise.id, given, guessed in failing, seen)
@@ -117,32 +121,73 @@ def _claim_named(given: str, claims: list[str]) -> str | None:
 
 
 def _puzzle(exercise: Any, claims: list[str], number: int, total: int) -> Panel:
-    targets = ", ".join(dict.fromkeys(p.target.replace(":", ".") for p in exercise.patches))
-    parts: list[Any] = [
-        Markdown(exercise.puzzle),
-        Text.assemble(("patched: ", "dim"), (targets, "dim"), overflow="fold"),
-        Text("Which claim of this guide fails, and why?"),
-    ]
+    parts: list[Any] = [Markdown(exercise.puzzle), Text("the patch:", style="bold")]
+    parts += [patch_view(patch) for patch in exercise.patches]
+    parts.append(Text("Which claim of this guide fails, and why?"))
     parts += [Text(f"  {chr(ord('a') + i)}) {claim}") for i, claim in enumerate(claims)]
     return Panel(Group(*parts), title=f"exercise {number}/{total} · {exercise.id}", title_align="left")
 
 
 def _solution(
-    exercise: Any, given: str, guessed: str | None, *, failing: list[str], main: ClaimVerdict, reason: str | None
+    exercise: Any, given: str, guessed: str | None, *, failing: list[str], verdicts: dict[str, ClaimVerdict]
 ) -> Table:
-    """Right when the guessed claim is among those the patch makes fail; the exercise's own claim shows why."""
+    """Right when the guessed claim is among those the patch makes fail. Why: the picked claim's failure (its
+    reason and its check's whole message) when it failed, then the exercise's own claim's, if that is another."""
     table = Table(show_header=False, box=None, expand=True, pad_edge=False)
     table.add_column(style="bold", no_wrap=True)
     table.add_column(ratio=1, overflow="fold")
     mark = ("right", "green") if guessed in failing else ("not quite", "red")
     table.add_row("you", Text.assemble(given or "(no answer)", "  ", mark))
     table.add_row("failing", Text(", ".join(failing) or "none", style="cyan"))
+    main = verdicts[exercise.claim]
     if main.failure is None:
         table.add_row("warning", Text(f"{exercise.claim} still passed: the exercise is stale", style="red"))
-        return table
-    first = next((r.message for r in main.outcome.failed if r.message), "") if main.outcome else ""
-    table.add_row("why", Text(f"{exercise.claim}: reason `{reason}`", style="cyan"))
-    table.add_row("message", Text(first.splitlines()[0] if first else main.failure.splitlines()[0]))
-    if reason != exercise.reason:
-        table.add_row("warning", Text(f"expected reason `{exercise.reason}`", style="red"))
+    explained = [c for c in dict.fromkeys([guessed, exercise.claim]) if c in failing]
+    if guessed is not None and guessed not in failing:
+        table.add_row("why", Text(f"{guessed} still holds under this patch", style="yellow"))
+    for claim in explained:
+        verdict = verdicts[claim]
+        reason = verdict.outcome.reason if verdict.outcome is not None else None
+        table.add_row("why", Text(f"{claim}: reason `{reason}`", style="cyan"))
+        table.add_row("", Text(_message(verdict)))
+    if main.failure is not None and main.outcome is not None and main.outcome.reason != exercise.reason:
+        table.add_row("warning", Text(f"expected reason `{exercise.reason}` for {exercise.claim}", style="red"))
     return table
+
+
+MESSAGE_LINES = 14  # of a check's message: enough for its comparison table, not a whole traceback
+
+
+def _message(verdict: ClaimVerdict) -> str:
+    """What the check said, whole (a Violation's message continues on the lines after its first), on the lowest
+    rank that said it; else the verdict's own failure text."""
+    said = next((r.message for r in verdict.outcome.failed if r.message), "") if verdict.outcome else ""
+    lines = (said or verdict.failure or "").rstrip().splitlines()
+    shown = lines[:MESSAGE_LINES]
+    if len(lines) > MESSAGE_LINES:
+        shown.append(f"... ({len(lines) - MESSAGE_LINES} more lines: fsdp-readings check shows them all)")
+    return "\n".join(shown)
+
+
+def patch_view(patch: Any) -> RenderableType:
+    """What a break-it patch does to torch: the recipe's own code, or in words for the generic ones."""
+    target = patch.target.replace(":", ".")
+    factory = patch.factory.rpartition(":")[2]
+    generic = {
+        "noop": f"`{target}` is replaced by a function that does nothing",
+        "returns": f"`{target}` returns {patch.params.get('value')!r} without running",
+        "value": f"`{target}` is set to {patch.params.get('value')!r}",
+    }
+    if patch.factory.startswith(SABOTAGE) and factory in generic:
+        return Text(generic[factory])
+    recipe = patch.params["wrapper"] if factory == "wrapped_by" else patch.factory
+    verb = "each call goes through" if factory == "wrapped_by" else "is replaced by what this builds"
+    module, _, name = recipe.partition(":")
+    try:
+        code = inspect.getsource(getattr(importlib.import_module(module), name))
+    except (ImportError, AttributeError, OSError, TypeError):
+        return Text(f"`{target}`: {verb} {recipe}")
+    return Group(
+        Text(f"`{target}`: {verb} `{name}` ({module}):"),
+        Syntax(code.rstrip(), "python", theme="ansi_dark", background_color="default", word_wrap=True),
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 from dataclasses import dataclass
 
 from rich.console import Console
@@ -16,6 +17,7 @@ from reader.gate.workspace import LOCK_NAME, Workspace
 from reader.source.checkref import CheckFinder
 from reader.source.files import relative_to_cwd
 from reader.source.torch_source import SourceError, open_source
+from reader.views.fit import indented
 
 CLEAN, DRIFT, BROKEN = 0, 1, 2
 
@@ -26,6 +28,18 @@ class Session:
     guides: list[Guide]
     broken: list[GuideError]
     report: SessionReport
+
+
+def guide_named(given: str, ids: list[str]) -> str | list[str]:
+    """The guide id ``given`` names: the id itself, its number (``6``, ``06``) or a prefix of exactly one id
+    (``06-back``); else the close ids to suggest (possibly none)."""
+    if given in ids:
+        return given
+    number = given.zfill(2) if given.isdigit() else None
+    matches = [i for i in ids if i.startswith(f"{number}-")] if number else [i for i in ids if i.startswith(given)]
+    if len(matches) == 1:
+        return matches[0]
+    return matches or difflib.get_close_matches(given, ids, n=3, cutoff=0.5)
 
 
 def open_session(args: argparse.Namespace, console: Console) -> Session | int:
@@ -39,13 +53,18 @@ def open_session(args: argparse.Namespace, console: Console) -> Session | int:
         return BROKEN
     args.readings = readings
     guides, broken = load_all([readings], CheckFinder(extra_paths=[readings.resolve().parent]))
-    wanted: list[str] = args.guide_ids
-    if wanted:
-        unknown = sorted(set(wanted) - {g.id for g in guides})
+    if args.guide_ids:
+        ids = [g.id for g in guides]
+        resolved = [(given, guide_named(given, ids)) for given in args.guide_ids]
+        unknown = [(given, found) for given, found in resolved if not isinstance(found, str)]
         if unknown:
-            known = ", ".join(sorted(g.id for g in guides)) or "none"
-            console.print(f"[red]unknown guide id(s): {', '.join(unknown)}[/] (guides: {known})")
+            for given, close in unknown:
+                hint = f" (did you mean {', '.join(close)}?)" if close else ""
+                console.print(f"[red]unknown guide id: {given}[/]{hint}", highlight=False)
+            console.print(indented(f"guides: {', '.join(sorted(ids)) or 'none'}", console.width, indent=""))
             return BROKEN
+        wanted = {found for _, found in resolved}
+        args.guide_ids = [g for g in ids if g in wanted]
         guides = [g for g in guides if g.id in wanted]
         broken = []  # problems of guides not asked for are not this command's business
     try:

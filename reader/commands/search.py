@@ -1,0 +1,116 @@
+"""``fsdp-readings search WORD ...``: the guides, claims, notes, anchored symbols and glossary terms that mention
+every word (case does not matter), each with the line of the guide it is on and the command that opens it.
+Predict answers and explanations are not searched: they stay hidden until asked."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from rich.console import Console, Group
+from rich.text import Text
+
+from reader.format.errors import GuideError
+from reader.format.guide import Guide, Prose, SourceBlock
+from reader.format.parse import find_readings, load_all
+from reader.format.path import load_glossary
+from reader.format.predict import PredictQuestion
+from reader.study.session import BROKEN, CLEAN, display
+from reader.views.fit import indented
+
+EXAMPLES = """examples:
+  fsdp-readings search prefetch
+  fsdp-readings search reduce scatter        every word, in any order, in one place
+  fsdp-readings search _post_backward_hook   an anchored symbol: the guides that read it
+
+exit status: 0 something found, 1 nothing found, 2 broken input"""
+
+SNIPPET = 100  # characters of a matching line shown
+
+
+@dataclass(frozen=True)
+class Hit:
+    kind: str  # guide | prose | claim | note | anchor | question | term
+    where: str  # "readings/06-backward-prefetch.md:212", or the glossary
+    text: str
+    open: str  # the command that shows it
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EXAMPLES
+    parser.add_argument("words", nargs="+", metavar="WORD", help="words that must all appear")
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    readings = find_readings(args.readings)
+    if readings is None or not readings.is_dir():
+        console.print("[red]no readings directory[/]: pass --readings DIR (a checkout's readings/)")
+        return BROKEN
+    guides, _ = load_all([readings], None)
+    words = [w.casefold() for w in args.words]
+    hits = [hit for guide in sorted(guides, key=lambda g: (g.order, g.id)) for hit in guide_hits(guide, words)]
+    try:
+        terms = load_glossary(readings, [g.id for g in guides])
+    except (GuideError, OSError):
+        terms = ()
+    glossary = display(readings / "glossary.toml")
+    for term in terms:
+        if _matches(f"{term.term} {term.means}", words):
+            hits.append(Hit("term", glossary, f"{term.term}: {term.means}", f"fsdp-readings glossary {term.term!r}"))
+    if not hits:
+        console.print(f"nothing mentions {' '.join(args.words)!r} (try fewer words, or fsdp-readings glossary)")
+        return 1
+    lines = [Text(f"{len(hits)} place(s) mention {' '.join(args.words)!r}", style="bold")]
+    for hit in hits:
+        lines.append(Text.assemble((f"{hit.kind:<8} ", "dim"), (hit.where, "cyan")))
+        lines.append(indented(_snippet(hit.text, words), console.width, indent="  "))
+        lines.append(indented(hit.open, console.width, "dim", indent="  "))
+    console.print(Group(*lines), soft_wrap=False)
+    return CLEAN
+
+
+def guide_hits(guide: Guide, words: list[str]) -> list[Hit]:
+    path = display(guide.path)
+    show = f"fsdp-readings show {guide.id}"
+    found: list[Hit] = []
+    if _matches(f"{guide.id} {guide.title}", words):
+        found.append(Hit("guide", f"{path}:{guide.id_line}", f"{guide.id}: {guide.title}", show))
+    for anchor in guide.anchors:
+        if _matches(f"{anchor.name} {anchor.symbol}", words):
+            found.append(Hit("anchor", f"{path}:{anchor.line}", f"{anchor.name} = {anchor.symbol}", show))
+    for claim in guide.claims:
+        if _matches(f"{claim.id} {claim.statement}", words):
+            text = f"{claim.id}: {claim.statement}"
+            found.append(Hit("claim", f"{path}:{claim.line}", text, f"fsdp-readings check {guide.id} {claim.id}"))
+    for block in guide.regions_of(SourceBlock):
+        for note in block.notes:
+            if _matches(note.text, words):
+                found.append(Hit("note", f"{path}:{note.line}", note.text, show))
+    for question in guide.regions_of(PredictQuestion):
+        if _matches(question.question, words):
+            found.append(
+                Hit("question", f"{path}:{question.start}", question.question, f"fsdp-readings predict {guide.id}")
+            )
+    for prose in guide.regions_of(Prose):
+        for offset, line in enumerate(prose.text.split("\n")):
+            if _matches(line, words):
+                found.append(Hit("prose", f"{path}:{prose.start + offset}", line.strip(), show))
+    return found
+
+
+def _matches(text: str, words: list[str]) -> bool:
+    folded = text.casefold()
+    return all(word in folded for word in words)
+
+
+def _snippet(text: str, words: list[str]) -> str:
+    """The part of ``text`` around the first word, whole words only."""
+    flat = " ".join(text.split())
+    if len(flat) <= SNIPPET:
+        return flat
+    at = flat.casefold().find(words[0])
+    start = max(0, flat.rfind(" ", 0, max(0, at - SNIPPET // 3)) + 1)
+    end = flat.find(" ", min(len(flat), start + SNIPPET))
+    piece = flat[start : end if end > 0 else len(flat)]
+    return ("... " if start else "") + piece + (" ..." if end > 0 else "")
