@@ -190,7 +190,10 @@ def _approve_one(
     for anchor in approval.anchors:
         was = anchor.drift.kind
         row.anchors.append(anchor_row(guide, anchor.drift.anchor, "approved", anchor.drift))
-        report.approved.append(f"{anchor.drift.key} (was: {was.value}; torch {', '.join(anchor.source.approved_on)})")
+        if was is not DriftKind.UNCHANGED:  # an unchanged entry is not touched: nothing to list
+            report.approved.append(
+                f"{anchor.drift.key} (was: {was.value}; torch {', '.join(anchor.source.approved_on)})"
+            )
     record = approval.record
     held = f"{record.held} of {len(guide.claims)} claims held"
     forced = f"; forced over {', '.join((*record.failed, *record.not_run))}: {record.forced}" if record.forced else ""

@@ -15,6 +15,7 @@ import pytest
 
 from reader.format.guide import Guide
 from reader.gate.approval import ClaimResult, NotApprovable
+from reader.gate.drift import DriftKind
 from reader.gate.lock import LockError
 from reader.gate.workspace import GuideApproval
 from reader.pytest_plugin.session import ReaderSession
@@ -86,7 +87,9 @@ def decide(reader: ReaderSession, guide: Guide) -> GuideApproval | NotApprovable
             findings.report.refused += [f"{guide.id}: {reason}" for reason in decided.reasons]
         else:
             findings.report.approved += [
-                f"{guide.id}/{a.drift.anchor.name} (was: {a.drift.kind.value})" for a in decided.anchors
+                f"{guide.id}/{a.drift.anchor.name} (was: {a.drift.kind.value})"
+                for a in decided.anchors
+                if a.drift.kind is not DriftKind.UNCHANGED  # an unchanged entry is not touched: nothing to list
             ]
             findings.report.approved.append(f"{guide.id} on torch {decided.release}: {_claims(decided)}")
     return findings.approvals[guide.id]

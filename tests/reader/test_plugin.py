@@ -880,3 +880,24 @@ def test_items_read_the_guide_as_it_is_on_the_installed_torch(project: pytest.Py
     result.assert_outcomes(passed=2, skipped=1)
     result.stdout.fnmatch_lines(["SKIPPED * anchor `limit` reads torch <2.15; this torch is 2.15.0+cu132"])
     assert requests(project)[-1]["kwargs"]["expected"] == ["root -> blocks.1"]
+
+
+def test_approval_is_all_or_nothing_when_an_anchor_cannot_be_pinned(
+    project: pytest.Pytester, installed_tree: TorchTree
+):
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR + UNSHARD_ANCHOR))
+    assert project.runpytest("readings", "--approve=04-forward-prefetch").ret == 0
+    before = lock_text(project)
+    installed_tree.edit(RUNTIME, "handle._prefetched = True", "handle._prefetched = 1")  # pinnable: code changed
+    installed_tree.edit("torch/distributed/fsdp/_flat_param.py", "def unshard(self):", "def unshard_now(self):")
+    result = project.runpytest("readings", "--approve=04-forward-prefetch")
+    assert result.ret == 1
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*anchor `prefetch` (*) not approved: code changed",
+            "  nothing of 04-forward-prefetch was recorded:",
+            "    04-forward-prefetch/unshard: removed: *has no `FlatParamHandle.unshard`",
+        ]
+    )
+    assert lock_text(project) == before  # the pinnable `prefetch` was not recorded alone

@@ -138,3 +138,23 @@ def test_an_anchor_for_other_releases_is_not_resolved_or_compared(torch_tree: To
     assert found.kind is DriftKind.OTHER_TORCH and found.ok
     assert found.summary == "reads torch <2.15; this torch is 2.15.0"
     assert workspace.drift(g, g.anchor("prefetch")).problems == []  # the 2.16 note is not checked on 2.15
+
+
+def test_show_quotes_only_what_holds_on_this_torch(torch_tree: TorchTree, tmp_path: Path, monkeypatch, capsys):
+    from reader.commands.app import main
+    from reader.source import torch_source
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "readings").mkdir()
+    (tmp_path / "readings" / "04-forward-prefetch.md").write_text(guide(anchors=PREFETCH_ANCHOR + HOOKS, body=BODY))
+    monkeypatch.setattr(torch_source, "installed_root", lambda: torch_tree.root)
+    assert main(["show", "04-forward-prefetch"]) == 0
+    shown = capsys.readouterr().out
+    assert "one hook per output" in shown and "root -> blocks.0" in shown and "root -> blocks.1" not in shown
+    text = torch_tree.read(RUNTIME)
+    torch_tree.write(RUNTIME, text[: text.index("def _register_pre_backward_hooks")])
+    torch_tree.set_version("2.15.0")
+    assert main(["show", "04-forward-prefetch"]) == 0
+    shown = capsys.readouterr().out
+    assert "one hook per output" not in shown and "has no `_register_pre_backward_hooks`" not in shown  # not read
+    assert "root -> blocks.1" in shown and "root -> blocks.0" not in shown
