@@ -118,7 +118,7 @@ def run_approve(args: argparse.Namespace, console: Console) -> int:
     workspace, report = opened.workspace, opened.report
     if args.matrix is not None:
         for said in workspace.set_matrix(args.matrix):
-            console.print(f"dropped from the matrix: {said}")
+            console.print(said)
         console.print(f"torch matrix: {', '.join(workspace.lock.matrix) or 'none (the newest approval wins)'}")
     guides = _to_approve(opened.guides, workspace, console) if not args.guide_ids else opened.guides
     if guides is None:

@@ -71,7 +71,7 @@ class Lock:
     def set_matrix(self, releases: Iterable[str]) -> list[str]:
         """Keep the approvals of these releases from now on, and drop the others': a guide's records of releases
         outside the matrix, and the sources only those releases read. A guide approved on no release of the matrix
-        keeps what it has (there is nothing to replace it with). Returns one line per thing dropped or kept so."""
+        keeps what it has (there is nothing to replace it with). Returns one sentence per thing dropped or kept so."""
         self.matrix = sorted_releases(release(r) for r in releases)
         said: list[str] = []
         if not self.matrix:
@@ -79,11 +79,11 @@ class Lock:
         for guide_id, records in sorted(self.guides.items()):
             kept = {r: rec for r, rec in records.items() if r in self.matrix}
             if not kept:
-                said.append(f"{guide_id}: approved only on {', '.join(sorted_releases(records))}, outside the "
-                            "matrix: kept; approve it on a release of the matrix")  # fmt: skip
+                said.append(f"kept {guide_id}'s approval on {', '.join(sorted_releases(records))}: it has none on "
+                            "a release of the matrix; approve it on one")  # fmt: skip
                 continue
             for gone in sorted_releases(set(records) - set(kept)):
-                said.append(f"{guide_id}: approval on {gone}")
+                said.append(f"dropped {guide_id}'s approval on {gone}")
             self.guides[guide_id] = kept
             for name, entry in self.entries_of(guide_id).items():
                 served = {r: s for r in kept if (s := entry.serving(r)) is not None}
@@ -92,7 +92,7 @@ class Lock:
                 settled = settle(entry.symbol, entry.pattern, entry.sources, served)
                 for source in entry.sources:
                     if not any(s.source == source.source for s in settled.sources):
-                        said.append(f"{self.key(guide_id, name)} ({', '.join(source.approved_on)})")
+                        said.append(f"dropped {self.key(guide_id, name)}'s source from {', '.join(source.approved_on)}")
                 self.put(guide_id, name, settled)
         return said
 

@@ -257,8 +257,8 @@ def test_narrowing_the_matrix_drops_what_only_older_releases_read(readings, legs
     capsys.readouterr()
     assert approve("--matrix", "2.15.0+cu132", GUIDE_ID) == 0  # a build tag names the same release
     out = capsys.readouterr().out
-    assert f"dropped from the matrix: {GUIDE_ID}/prefetch (2.13.0)" in out
-    assert f"dropped from the matrix: {GUIDE_ID}: approval on 2.13.0" in out
+    assert f"dropped {GUIDE_ID}/prefetch's source from 2.13.0" in out
+    assert f"dropped {GUIDE_ID}'s approval on 2.13.0" in out
     lock = Lock.load(readings / "anchors.lock")
     assert lock.matrix == ("2.15.0",) and lock.releases_of(GUIDE_ID) == ("2.15.0",)
     entry = lock.get(GUIDE_ID, "prefetch")
@@ -351,3 +351,14 @@ def test_the_lock_diff_of_an_approval_is_the_torch_change(readings: Path, instal
         '+        "claims_held": 0',
     ]
     assert "+cpu" not in after and "+cu132" not in after
+
+
+def test_narrowing_keeps_a_guide_approved_on_no_release_of_the_new_matrix(readings, legs, install, capsys):
+    install(legs["2.13"])
+    approve("--matrix", "2.13,2.15", GUIDE_ID)
+    before = Lock.load(readings / "anchors.lock")
+    capsys.readouterr()
+    assert approve("--matrix", "2.15") == 0  # nothing drifts on 2.13: only the matrix changes
+    assert f"kept {GUIDE_ID}'s approval on 2.13.0: it has none on a release of the matrix" in capsys.readouterr().out
+    after = Lock.load(readings / "anchors.lock")
+    assert after.matrix == ("2.15.0",) and after.guides == before.guides and after.entries == before.entries
