@@ -158,3 +158,21 @@ def test_show_quotes_only_what_holds_on_this_torch(torch_tree: TorchTree, tmp_pa
     shown = capsys.readouterr().out
     assert "one hook per output" not in shown and "has no `_register_pre_backward_hooks`" not in shown  # not read
     assert "root -> blocks.1" in shown and "root -> blocks.0" not in shown
+
+
+def test_drift_skips_an_anchor_for_other_releases(torch_tree: TorchTree, tmp_path: Path, monkeypatch, capsys):
+    import json
+
+    from reader.commands.app import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "readings").mkdir()
+    (tmp_path / "readings" / "04-forward-prefetch.md").write_text(guide(anchors=PREFETCH_ANCHOR + HOOKS))
+    text = torch_tree.read(RUNTIME)
+    torch_tree.write(RUNTIME, text[: text.index("def _register_pre_backward_hooks")])
+    torch_tree.set_version("2.15.0")
+    assert main(["drift", "--torch-source", str(torch_tree.root), "--report", "r.json"]) == 1  # prefetch: unapproved
+    (report,) = json.loads(Path("r.json").read_text())["guides"]
+    hooks = next(a for a in report["anchors"] if a["name"] == "hooks")
+    assert (hooks["outcome"], hooks["message"]) == ("skipped", "reads torch <2.15; this torch is 2.15.0")
+    assert "has no `_register_pre_backward_hooks`" not in capsys.readouterr().out
