@@ -14,7 +14,7 @@ from reader.claims.progress import Progress, ProgressError
 from reader.claims.verdict import ClaimVerdict, failure_summary
 from reader.commands.runner import ClaimRunner, claim_runner, pool_options
 from reader.commands.session import BROKEN, CLEAN, DRIFT, add_common, display, open_session
-from reader.format.guide import Guide
+from reader.format.guide import ClaimSpec, Guide
 from reader.gate.approval import ClaimResult, NotApprovable, force_reason
 from reader.gate.drift import Drift, DriftKind
 from reader.gate.drift_report import write_drift_report
@@ -175,7 +175,7 @@ def _approve_one(
         drifts = workspace.check_approvable(guide)
         read = guide.on(workspace.torch_version)
         with console.status(f"running the claims of {guide.id}…", spinner="dots"):
-            results = {claim.id: _result(runner.verdict(read, claim)) for claim in guide.claims}
+            results = {claim.id: _gpu_skip(claim) or _result(runner.verdict(read, claim)) for claim in guide.claims}
         approval = workspace.approve_guide(guide, results, force=force)
     except NotApprovable as exc:
         for drift in exc.drifts:
@@ -201,6 +201,18 @@ def _approve_one(
     for key in approval.pruned:
         console.print(f"dropped stale lock entry {key}")
     return True
+
+
+def _gpu_skip(claim: ClaimSpec) -> ClaimResult | None:
+    """A claim marked ``gpu`` is skipped without one CUDA device per rank, as pytest's rank-pool plugin skips it."""
+    if "gpu" not in claim.markers:
+        return None
+    from checks.ranks.backend import cuda_device_count  # imports torch: only when a gpu claim is asked about
+
+    have = cuda_device_count()
+    if have >= claim.world_size:
+        return None
+    return ClaimResult("skipped", f"needs {claim.world_size} CUDA device(s) for nccl (one per rank); {have} here")
 
 
 def _result(verdict: ClaimVerdict) -> ClaimResult:

@@ -24,6 +24,7 @@ from tests.reader.reader_support import (
 RUNTIME = "torch/distributed/fsdp/_runtime_utils.py"
 GUIDE_ID = "18-fsdp2"
 CLAIMS = "\n".join([claim("sharding"), claim("mixed-precision"), claim("old-only", torch='"<2.13"')])
+GPU_CLAIM = claim("offload", markers='["gpu"]')
 
 
 @pytest.fixture
@@ -109,3 +110,15 @@ def test_a_bare_approve_with_several_guides_to_approve_lists_them(readings: Path
     assert cli(["approve", "19-ddp"], manager) == 0
     assert cli(["approve"], manager) == 0  # one guide left to approve: that one
     assert set(lock_of(readings).guides) == {GUIDE_ID, "19-ddp"}
+
+
+def test_a_gpu_claim_is_skipped_without_gpus_as_pytest_skips_it(readings: Path, installed_tree: TorchTree):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA devices: the claim would run")
+    (readings / f"{GUIDE_ID}.md").write_text(guide(GUIDE_ID, anchors=PREFETCH_ANCHOR, claims=GPU_CLAIM))
+    manager = FakeManager(fail={"offload"})  # it would fail if it ran: a CUDA call on a CPU-only machine
+    assert cli(["approve", GUIDE_ID], manager) == 0
+    assert not manager.requests
+    assert lock_of(readings).guides[GUIDE_ID]["2.13.0"] == GuideRecord(held=0, skipped=("offload",))
