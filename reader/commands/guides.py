@@ -108,8 +108,7 @@ def run_approve(args: argparse.Namespace, console: Console) -> int:
     if args.torch_source is not None:
         console.print(
             f"[red]approve records what ran on the installed torch; nothing runs on --torch-source "
-            f"{args.torch_source}[/] (its claims cannot): install that torch in a venv and approve there",
-            markup=True,
+            f"{args.torch_source}[/] (its claims cannot): install that torch in a venv and approve there"
         )
         return BROKEN
     opened = open_session(args, console)
@@ -195,7 +194,9 @@ def _approve_one(
                 f"{anchor.drift.key} (was: {was.value}; torch {', '.join(anchor.source.approved_on)})"
             )
     record = approval.record
-    held = f"{record.held} of {len(guide.claims)} claims held"
+    held = f"{record.held} of {len(guide.claims)} claims held" + (
+        f", {len(record.skipped)} skipped here ({', '.join(record.skipped)})" if record.skipped else ""
+    )
     forced = f"; forced over {', '.join((*record.failed, *record.not_run))}: {record.forced}" if record.forced else ""
     report.approved.append(f"{guide.id} on torch {approval.release}: {held}{forced}")
     for key in approval.pruned:

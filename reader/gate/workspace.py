@@ -167,10 +167,11 @@ class Workspace:
         anchor, previous = drift.anchor, self.lock.get(guide_id, drift.anchor.name)
         keep = [r for r in kept if anchor.applies_to(r)]
         current = drift.current
-        if current is None:  # not read on this torch: it keeps serving the other approved releases, if any
-            served = {r: s for r in keep if previous is not None and (s := previous.serving(r)) is not None}
-            self.lock.put(guide_id, anchor.name, settle(anchor.symbol, anchor.pattern, previous.sources, served)
-                          if served and previous is not None else None)  # fmt: skip
+        if current is None:  # scoped to other releases: it keeps serving those approved, or goes with them
+            kept_entry = None
+            if previous is not None and (served := {r: s for r in keep if (s := previous.serving(r)) is not None}):
+                kept_entry = settle(anchor.symbol, anchor.pattern, previous.sources, served)
+            self.lock.put(guide_id, anchor.name, kept_entry)
             return None
         entry = approve(
             previous,

@@ -47,7 +47,7 @@ def test_approval_runs_the_claims_and_records_what_they_did(readings: Path, inst
     assert sorted(r.kwargs["claim"] for r in manager.requests) == ["mixed-precision", "sharding"]  # each ran
     assert all("torch.distributed.fsdp._runtime_utils:_prefetch_handle" in r.trace for r in manager.requests)
     out = capsys.readouterr().out
-    assert f"{GUIDE_ID} on torch 2.13.0: 2 of 3 claims held" in out
+    assert f"{GUIDE_ID} on torch 2.13.0: 2 of 3 claims held, 1 skipped here (old-only)\n" in out
     assert lock_of(readings).guides == {GUIDE_ID: {"2.13.0": GuideRecord(held=2, skipped=("old-only",))}}
 
 
