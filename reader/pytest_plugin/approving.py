@@ -38,7 +38,8 @@ def plan(reader: ReaderSession, items: list[pytest.Item]) -> frozenset[str]:
     reader.findings.approving = chosen
     # Anchor items last within their guide, so that the decision can read every claim's outcome.
     anchors = [i for i in items if isinstance(i, AnchorItem) and i.guide.id in chosen]
-    rest = [i for i in items if i not in set(anchors)]
+    moved = set(anchors)
+    rest = [i for i in items if i not in moved]
     for anchor in anchors:
         after = max((n for n, i in enumerate(rest) if isinstance(i, GuideItem) and i.guide.id == anchor.guide.id),
                     default=len(rest) - 1)  # fmt: skip
