@@ -73,6 +73,7 @@ def decide(
     """Run ``claim`` through ``send`` and judge it. ``display`` says how the guide's path appears in the failure
     text; ``patches`` are break-it patches applied in the ranks; ``overrides`` replace some of the claim's kwargs
     (``timeline --compare``)."""
+    guide = guide.on(workspace.torch_version)  # anchors and expect blocks of other releases left out
     where = f"{display(guide.path)}:{claim.line}"
     skip = version_skip(claim, workspace.torch_version) or gpu_skip(claim)
     if skip is not None:

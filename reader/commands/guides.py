@@ -11,14 +11,17 @@ from rich.table import Table
 from rich.text import Text
 
 from reader.claims.progress import Progress, ProgressError, Section
+from reader.claims.verdict import ClaimVerdict, failure_summary
 from reader.format.guide import Guide
 from reader.format.predict import PredictQuestion
-from reader.gate.drift import DriftKind
+from reader.gate.approval import ClaimResult, NotApprovable, force_reason
+from reader.gate.drift import Drift, DriftKind
 from reader.gate.drift_report import write_drift_report
-from reader.gate.lock import check_release
-from reader.gate.report import AnchorRow, anchor_row, drift_panel, summary
-from reader.gate.workspace import NotApprovable, Workspace
+from reader.gate.releases import release
+from reader.gate.report import AnchorRow, SessionReport, anchor_row, drift_panel, summary
+from reader.gate.workspace import Workspace
 from reader.source.checkref import CheckFinder
+from reader.study.runner import ClaimRunner, claim_runner, pool_options
 from reader.study.session import BROKEN, CLEAN, DRIFT, add_common, display, open_session
 from reader.views.fit import indented, items_line
 from reader.views.guide import print_guide
@@ -51,6 +54,9 @@ def run_drift(args: argparse.Namespace, console: Console) -> int:
                 )
                 continue
             drift = workspace.drift(guide, anchor)
+            if drift.kind is DriftKind.OTHER_TORCH:
+                row.anchors.append(AnchorRow(anchor.name, anchor.symbol, "skipped", message=drift.summary))
+                continue
             row.anchors.append(anchor_row(guide, anchor, "passed" if drift.ok else "failed", drift))
     for guide_row in report.guides:
         for found in guide_row.anchors:
@@ -72,62 +78,141 @@ def configure_approve(parser: argparse.ArgumentParser) -> None:
         "--matrix",
         metavar="RELEASES",
         type=_releases,
-        help="keep the approved sources of these torch releases, comma-separated (e.g. 2.13,2.15), so that every "
-        "leg of a CI matrix passes; stored in the lock. An empty string drops the matrix",
+        help="keep the approvals of these torch releases, comma-separated (e.g. 2.13,2.15), so that every leg of "
+        "a CI matrix passes; stored in the lock. An empty string drops the matrix",
     )
+    parser.add_argument(
+        "--force",
+        metavar="REASON",
+        type=_force,
+        help="approve although a claim failed or did not run, for this reason (kept in the lock beside them)",
+    )
+    pool_options(parser)
 
 
 def _releases(text: str) -> tuple[str, ...]:
-    releases = tuple(r.strip() for r in text.split(",") if r.strip())
-    for release in releases:
-        try:
-            check_release(release)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from exc
-    return releases
+    try:
+        return tuple(release(r) for r in text.split(",") if r.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _force(text: str) -> str:
+    try:
+        reason = force_reason(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    assert reason is not None
+    return reason
 
 
 def run_approve(args: argparse.Namespace, console: Console) -> int:
+    """Approve guides on the installed torch: each one's claims run here first, and it is recorded whole, or not at
+    all. Without ids, the one guide whose anchors drift; several are listed for the person to name."""
+    if args.torch_source is not None:
+        console.print(
+            f"[red]approve records what ran on the installed torch; nothing runs on --torch-source "
+            f"{args.torch_source}[/] (its claims cannot): install that torch in a venv and approve there"
+        )
+        return BROKEN
     opened = open_session(args, console)
     if isinstance(opened, int):
         return opened
     workspace, report = opened.workspace, opened.report
-    refused = 0
     if args.matrix is not None:
-        for dropped in workspace.set_matrix(args.matrix):
-            console.print(f"dropped approved source outside the matrix: {dropped}")
-        matrix = ", ".join(workspace.lock.matrix) or "none (the newest approval wins)"
-        console.print(f"torch matrix: {matrix}")
-    for guide in opened.guides:
-        row = report.guide(guide.id, display(guide.path), guide.title)
-        for anchor in guide.anchors:
-            try:
-                approval = workspace.approve(guide, anchor)
-            except NotApprovable as exc:
-                refused += 1
-                row.anchors.append(anchor_row(guide, anchor, "failed", exc.drift))
-                console.print(drift_panel(row, row.anchors[-1]))
-                continue
-            was = approval.drift.kind
-            row.anchors.append(anchor_row(guide, anchor, "approved", approval.drift))
-            report.approved.append(
-                f"{guide.id}/{anchor.name} (was: {was.value}; torch {', '.join(approval.entry.approved_on)})"
-            )
-            if approval.drift.diff and was not in (DriftKind.UNCHANGED, DriftKind.MOVED):
-                console.print(f"[bold]{guide.id}/{anchor.name}[/]: approving {was.value}")
-                console.print(approval.drift.diff, markup=False, highlight=False)
-        if all(a.outcome == "approved" for a in row.anchors):
-            for key in workspace.prune(guide):
-                console.print(f"dropped stale lock entry {key}")
+        for said in workspace.set_matrix(args.matrix):
+            console.print(said)
+        console.print(f"torch matrix: {', '.join(workspace.lock.matrix) or 'none (the newest approval wins)'}")
+    guides = _to_approve(opened.guides, workspace, console) if not args.guide_ids else opened.guides
+    if guides is None:
+        workspace.source.close()
+        return BROKEN
+    refused = 0
+    with claim_runner(opened, args) as runner:
+        for guide in sorted(guides, key=lambda g: (g.order, g.id)):
+            refused += not _approve_one(guide, workspace, runner, force=args.force, report=report, console=console)
     if not args.guide_ids and not opened.broken:
-        # Approving every guide: entries of guides that no longer exist are stale too.
+        # Approving without ids covers every guide: entries of guides that no longer exist are stale.
         for key in workspace.prune_missing_guides({g.id for g in opened.guides}):
             console.print(f"dropped stale lock entry {key}")
     wrote = workspace.save()
     console.print(summary(report, claims=False))
     console.print(f"{'wrote' if wrote else 'unchanged:'} {display(workspace.lock_path)}")
-    workspace.source.close()
     return BROKEN if opened.broken else DRIFT if refused else CLEAN
+
+
+def _to_approve(guides: list[Guide], workspace: Workspace, console: Console) -> list[Guide] | None:
+    """A bare ``approve``: the guide whose anchors drift on this torch; with several, None (after listing them:
+    each is approved on its own, after it is re-read)."""
+    pending = {g.id: d for g in guides if g.applies_to(workspace.torch_version) and (d := workspace.pending(g))}
+    if len(pending) > 1:
+        console.print(f"[red]{len(pending)} guides to approve on torch {workspace.torch_version}[/]; re-read each, "
+                      "then approve it by id (nothing was written):")  # fmt: skip
+        for gid, drifts in sorted(pending.items()):
+            console.print(f"  fsdp-readings approve {gid}    # {', '.join(_named(d) for d in drifts)}")
+        return None
+    if not pending:
+        console.print(f"nothing to approve: every anchor reads as approved on torch {workspace.torch_version}")
+    return [g for g in guides if g.id in pending]
+
+
+def _named(drift: Drift) -> str:
+    return f"{drift.anchor.name} ({drift.kind.value})"
+
+
+def _approve_one(
+    guide: Guide,
+    workspace: Workspace,
+    runner: ClaimRunner,
+    *,
+    force: str | None,
+    report: SessionReport,
+    console: Console,
+) -> bool:
+    """Run the guide's claims, then record it whole; False (with every reason printed) when it is refused."""
+    row = report.guide(guide.id, display(guide.path), guide.title)
+    if not guide.applies_to(workspace.torch_version):
+        console.print(f"{guide.id} applies to torch {guide.torch}; this torch is {workspace.torch_version}: skipped")
+        return True
+    try:
+        drifts = workspace.check_approvable(guide)
+        read = guide.on(workspace.torch_version)
+        with console.status(f"running the claims of {guide.id}…", spinner="dots"):
+            results = {claim.id: _result(runner.verdict(read, claim)) for claim in guide.claims}
+        approval = workspace.approve_guide(guide, results, force=force)
+    except NotApprovable as exc:
+        for drift in exc.drifts:
+            row.anchors.append(anchor_row(guide, drift.anchor, "failed", drift))
+            console.print(drift_panel(row, row.anchors[-1]))
+        report.refused += [f"{guide.id}: {reason}" for reason in exc.reasons]
+        return False
+    for drift in drifts:
+        if drift.diff and drift.kind not in (DriftKind.UNCHANGED, DriftKind.MOVED):
+            console.print(f"[bold]{drift.key}[/]: approving {drift.kind.value}")
+            console.print(drift.diff, markup=False, highlight=False)
+    for anchor in approval.anchors:
+        was = anchor.drift.kind
+        row.anchors.append(anchor_row(guide, anchor.drift.anchor, "approved", anchor.drift))
+        if was is not DriftKind.UNCHANGED:  # an unchanged entry is not touched: nothing to list
+            report.approved.append(
+                f"{anchor.drift.key} (was: {was.value}; torch {', '.join(anchor.source.approved_on)})"
+            )
+    record = approval.record
+    held = f"{record.held} of {len(guide.claims)} claims held" + (
+        f", {len(record.skipped)} skipped here ({', '.join(record.skipped)})" if record.skipped else ""
+    )
+    forced = f"; forced over {', '.join((*record.failed, *record.not_run))}: {record.forced}" if record.forced else ""
+    report.approved.append(f"{guide.id} on torch {approval.release}: {held}{forced}")
+    for key in approval.pruned:
+        console.print(f"dropped stale lock entry {key}")
+    return True
+
+
+def _result(verdict: ClaimVerdict) -> ClaimResult:
+    if verdict.failure:
+        reason, line = failure_summary(verdict)
+        return ClaimResult(verdict.status.value, f"`{reason}` {line}")
+    return ClaimResult(verdict.status.value, verdict.skipped or "")
 
 
 LIST_EXAMPLES = """examples:
@@ -262,7 +347,8 @@ def run_show(args: argparse.Namespace, console: Console) -> int:
     if args.answers:
         _reveal_answers(guides, console)
     for guide in guides:
-        print_guide(console, guide, session.workspace, answers=args.answers)
+        # As read on this torch: blocks and notes scoped to other releases are not shown.
+        print_guide(console, guide.on(session.workspace.torch_version), session.workspace, answers=args.answers)
     if len(guides) == 1:
         print_next(console, args.readings, guides[0].id)
     return BROKEN if session.broken else CLEAN

@@ -20,22 +20,55 @@ from reader.format.errors import Problems, anchor_fix, did_you_mean
 from reader.format.guide import ExpectBlock, Guide, Note, Region, SourceBlock, block_reference
 from reader.source.patterns import PatternError, pattern_tokens
 
-# `note "<pattern>" [torch >=2.15]: text`: a note that holds only for some torch versions (a lock approved on a
-# matrix of versions quotes code that differs between them).
+# `note "<pattern>" [torch >=2.15]: text`, ```source <anchor> [torch <2.15], ```expect <name> [torch >=2.15]: a
+# note or block that holds only for some torch releases (a lock approved on a matrix of releases quotes code that
+# differs between them).
 _NOTE_SCOPE = re.compile(r"^\[torch\s+([^\]]+)\]")
+_FENCE_SCOPE = re.compile(r"^\[torch\s+([^\]]+)\]$")
+
+
+class _BadScope(ValueError):
+    """A ``[torch SPEC]`` whose SPEC is not a specifier (already recorded as a problem)."""
+
+
+def _fence_scope(fence: Fence, context: BodyContext, example: str) -> tuple[str, SpecifierSet | None] | None:
+    """A fence's one name and its optional ``[torch SPEC]``; None when the info string is not that shape.
+    Raises `_BadScope` (after recording the problem) for a SPEC that is not a specifier."""
+    if not fence.args:
+        return None
+    name, rest = fence.args[0], " ".join(fence.args[1:])
+    if not rest:
+        return name, None
+    scope = _FENCE_SCOPE.match(rest)
+    if scope is None:
+        return None
+    try:
+        return name, SpecifierSet(scope.group(1))
+    except InvalidSpecifier:
+        context.problem(
+            fence.start,
+            f"`[torch {scope.group(1)}]` is not a PEP 440 version specifier",
+            f"scope the block to torch releases as {example}",
+        )
+        raise _BadScope(scope.group(1)) from None
 
 
 def source_blocks(fences: Sequence[Fence], context: BodyContext) -> Iterator[SourceBlock]:
     """```` ```source <anchor> ```` fences. The fence holds only notes; the code is read live from torch."""
     for fence in fences:
-        if len(fence.args) != 1:
+        try:
+            found = _fence_scope(fence, context, "```source <anchor-name> [torch >=2.15]")
+        except _BadScope:
+            continue
+        if found is None:
             context.problem(
                 fence.start,
                 f"a source block names one anchor, got `{fence.info}`",
-                "write the opening fence as ```source <anchor-name>",
+                "write the opening fence as ```source <anchor-name>, or ```source <anchor-name> [torch >=2.15] "
+                "for code only some releases have",
             )
             continue
-        (name,) = fence.args
+        name, versions = found
         if name not in context.anchors:
             context.problem(
                 fence.start,
@@ -43,28 +76,38 @@ def source_blocks(fences: Sequence[Fence], context: BodyContext) -> Iterator[Sou
                 anchor_fix(name, context.anchors),
             )
         notes = tuple(_notes(fence.content, fence.start + 1, context))
-        yield SourceBlock(name, notes, fence.start, fence.end)
+        yield SourceBlock(name, notes, fence.start, fence.end, versions)
 
 
 def expect_blocks(fences: Sequence[Fence], context: BodyContext) -> Iterator[ExpectBlock]:
     """```` ```expect <name> ```` fences: one expected item per non-blank line, handed to claims that ask."""
-    seen: dict[str, int] = {}
+    seen: dict[str, tuple[int, SpecifierSet | None]] = {}
     for fence in fences:
         start = fence.start
-        if len(fence.args) != 1:
-            context.problem(start, f"an expect block has one name, got `{fence.info}`", "write ```expect <name>")
+        try:
+            found = _fence_scope(fence, context, "```expect <name> [torch >=2.15]")
+        except _BadScope:
             continue
-        (name,) = fence.args
-        if name in seen:
+        if found is None:
             context.problem(
-                start, f"duplicate expect block `{name}` (first on line {seen[name]})", "rename one of them"
+                start,
+                f"an expect block has one name, got `{fence.info}`",
+                "write ```expect <name>, or ```expect <name> [torch >=2.15] for what only some releases do",
             )
             continue
-        seen[name] = start
+        name, versions = found
+        if name in seen and (versions is None or seen[name][1] is None):
+            context.problem(
+                start,
+                f"duplicate expect block `{name}` (first on line {seen[name][0]})",
+                "rename one of them, or give each the torch releases it holds for ([torch <2.15], [torch >=2.15])",
+            )
+            continue
+        seen.setdefault(name, (start, versions))
         items = tuple(line.strip() for line in fence.content.split("\n") if line.strip())
         if not items:
             context.problem(start, f"expect block `{name}` is empty", "write one expected item per line")
-        yield ExpectBlock(name, items, start, fence.end)
+        yield ExpectBlock(name, items, start, fence.end, versions)
 
 
 def check_block_references(guide: Guide, regions: Sequence[Region], problems: Problems) -> None:

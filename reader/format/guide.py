@@ -9,12 +9,24 @@ kind (``reader.format.body``), with `Prose` between them. A region is any object
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
+
+
+def version_admitted(spec: SpecifierSet, torch_version: str | None) -> bool:
+    """Whether ``spec`` admits this torch (pre-releases and nightlies included; an unknown or unparseable version
+    is admitted, so that it never hides drift)."""
+    if torch_version is None:
+        return True
+    try:
+        version = Version(torch_version)
+    except InvalidVersion:
+        return True
+    return spec.contains(version, prereleases=True)
 
 
 @dataclass(frozen=True)
@@ -25,6 +37,10 @@ class AnchorSpec:
     symbol: str  # "torch.distributed.fsdp._flat_param:FlatParamHandle.unshard"
     pattern: str | None
     line: int
+    torch: SpecifierSet | None = None  # `torch = "<2.15"`: the releases that have this code; elsewhere not read
+
+    def applies_to(self, torch_version: str | None) -> bool:
+        return self.torch is None or version_admitted(self.torch, torch_version)
 
     @property
     def module(self) -> str:
@@ -53,18 +69,6 @@ class PropertySpec:
 
     draw: str  # "checks.models.flat_param_draws:units", a zero-argument function returning a strategy
     examples: int
-
-
-def version_admitted(spec: SpecifierSet, torch_version: str | None) -> bool:
-    """Whether ``spec`` admits this torch (pre-releases and nightlies included; an unknown or unparseable version
-    is admitted, so that it never hides drift)."""
-    if torch_version is None:
-        return True
-    try:
-        version = Version(torch_version)
-    except InvalidVersion:
-        return True
-    return spec.contains(version, prereleases=True)
 
 
 @dataclass(frozen=True)
@@ -133,10 +137,14 @@ class SourceBlock:
     notes: tuple[Note, ...]
     start: int  # the opening fence line
     end: int  # the closing fence line
+    torch: SpecifierSet | None = None  # ```source <anchor> [torch >=2.15]: quoted only on these releases
 
     def notes_for(self, torch_version: str | None) -> tuple[Note, ...]:
         """The notes that hold for this torch: a note scoped to other versions is neither shown nor checked."""
         return tuple(n for n in self.notes if n.applies_to(torch_version))
+
+    def applies_to(self, torch_version: str | None) -> bool:
+        return self.torch is None or version_admitted(self.torch, torch_version)
 
 
 @dataclass(frozen=True)
@@ -148,6 +156,14 @@ class ExpectBlock:
     items: tuple[str, ...]
     start: int
     end: int
+    torch: SpecifierSet | None = None  # ```expect <name> [torch >=2.15]: what a claim expects on these releases
+
+    def applies_to(self, torch_version: str | None) -> bool:
+        return self.torch is None or version_admitted(self.torch, torch_version)
+
+
+class ExpectBlockUnavailable(ValueError):
+    """A claim names an expect block that has no version for this torch, or more than one."""
 
 
 BLOCK_REFERENCE = "expect"  # a kwarg written { expect = "<block name>" } receives that block's items
@@ -172,6 +188,7 @@ class Guide:
     regions: tuple[Region, ...] = field(default=())
     id_line: int = 1
     text: str = field(default="", repr=False, compare=False)  # the file as parsed, for `raw`
+    read_on: str | None = None  # set by `on`: the torch version this view of the guide is for
 
     def anchor(self, name: str) -> AnchorSpec:
         for anchor in self.anchors:
@@ -190,17 +207,51 @@ class Guide:
     def source_blocks(self, anchor_name: str | None = None) -> list[SourceBlock]:
         return [r for r in self.regions_of(SourceBlock) if anchor_name in (None, r.anchor)]
 
-    def expect_blocks(self) -> dict[str, ExpectBlock]:
-        return {r.name: r for r in self.regions_of(ExpectBlock)}
+    def expect_blocks(self, torch_version: str | None = None) -> dict[str, ExpectBlock]:
+        """Expect blocks by name: of a name written for several torch ranges, the one for ``torch_version``
+        (`ExpectBlockUnavailable` when that is ambiguous: read the guide `on` one torch first)."""
+        found: dict[str, ExpectBlock] = {}
+        for block in self.regions_of(ExpectBlock):
+            if not block.applies_to(torch_version):
+                continue
+            if block.name in found:
+                first = found[block.name]
+                where = f"on torch {torch_version}" if torch_version else "read on no torch in particular"
+                raise ExpectBlockUnavailable(
+                    f"{self.path}:{block.start}: expect block `{block.name}` holds for torch {block.torch or 'any'} "
+                    f"and for torch {first.torch or 'any'} (line {first.start}); {where} both apply"
+                )
+            found[block.name] = block
+        return found
 
     def claim_kwargs(self, claim: ClaimSpec) -> dict[str, Any]:
         """The claim's kwargs with every ``{ expect = "<name>" }`` replaced by that block's items (a list)."""
-        blocks = self.expect_blocks()
+        blocks = self.expect_blocks(self.read_on)
         resolved = {}
         for key, value in claim.kwargs.items():
             name = block_reference(value)
+            if name is not None and name not in blocks:
+                raise ExpectBlockUnavailable(
+                    f"{self.path}:{claim.line}: claim `{claim.id}` takes `{key}` from expect block `{name}`, which "
+                    f"has no version for torch {self.read_on}: scope the claim (`torch = ...`) to the releases "
+                    "the block holds for, or write the block for this torch too"
+                )
             resolved[key] = list(blocks[name].items) if name is not None else value
         return resolved
+
+    def on(self, torch_version: str | None) -> Guide:
+        """The guide as read on ``torch_version``: anchors, source blocks, notes and expect blocks scoped to other
+        releases left out. Claims stay (each is skipped where its own ``torch`` excludes it)."""
+        anchors = tuple(a for a in self.anchors if a.applies_to(torch_version))
+        names = {a.name for a in anchors}
+        regions: list[Region] = []
+        for region in self.regions:
+            if isinstance(region, SourceBlock):
+                if region.anchor in names and region.applies_to(torch_version):
+                    regions.append(replace(region, notes=region.notes_for(torch_version)))
+            elif not isinstance(region, ExpectBlock) or region.applies_to(torch_version):
+                regions.append(region)
+        return replace(self, anchors=anchors, regions=tuple(regions), read_on=torch_version)
 
     def claim(self, claim_id: str) -> ClaimSpec:
         for claim in self.claims:

@@ -22,7 +22,7 @@ CLAIM_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 MARKER_RE = re.compile(r"^[A-Za-z_]\w*$")
 SYMBOL_RE = re.compile(r"^torch(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.([A-Za-z_]\w*|<locals>))*$")
 
-ANCHOR_KEYS = ("name", "symbol", "pattern")
+ANCHOR_KEYS = ("name", "symbol", "pattern", "torch")
 CLAIM_KEYS = (
     "id", "statement", "check", "kwargs", "world_size", "markers", "evidence", "timeout", "xfail", "property", "torch",
     "backend",
@@ -79,6 +79,7 @@ def anchor_specs(fields: Fields, raw: Any) -> tuple[list[AnchorSpec], set[str]]:
                 pattern = None
             else:
                 pattern = _pattern(fields, pattern, (*at, "pattern"))
+        versions = _torch_spec(fields, table["torch"], (*at, "torch")) if "torch" in table else None
         if name is not None and name in seen:
             fields.add(
                 (*at, "name"),
@@ -87,7 +88,7 @@ def anchor_specs(fields: Fields, raw: Any) -> tuple[list[AnchorSpec], set[str]]:
             )
         elif name is not None and symbol is not None:
             seen[name] = fields.line(*at, "name")
-            found.append(AnchorSpec(name, symbol, pattern, fields.line(*at)))
+            found.append(AnchorSpec(name, symbol, pattern, fields.line(*at), versions))
     return found, declared
 
 
@@ -106,6 +107,7 @@ def claim_specs(
         return []
     names = declared
     valid = {a.name for a in anchors}
+    scoped_anchors = {a.name: str(a.torch) for a in anchors if a.torch is not None}
     found: list[ClaimSpec] = []
     seen: dict[str, int] = {}
     for i, table in enumerate(raw):
@@ -164,8 +166,17 @@ def claim_specs(
         drawn = _property(fields, table["property"], (*at, "property"), checks) if "property" in table else None
         if drawn is not None and "example" in kwargs:
             fields.add((*at, "kwargs"), "`example` is the drawn value a property passes", "rename that kwarg")
-        versions = _claim_torch(fields, table["torch"], (*at, "torch")) if "torch" in table else None
+        versions = _torch_spec(fields, table["torch"], (*at, "torch")) if "torch" in table else None
         written_for = _claim_backends(fields, table["backend"], (*at, "backend")) if "backend" in table else ()
+        scoped = [n for n in evidence if n in scoped_anchors]
+        if versions is None and evidence and len(scoped) == len(evidence):
+            fields.add(
+                (*at, "evidence"),
+                f"every evidence anchor of this claim is scoped to some torch releases ({', '.join(scoped)}), "
+                "but the claim is not: elsewhere it would have nothing to prove",
+                f'give the claim the same range (`torch = "{scoped_anchors[scoped[0]]}"`), or name an anchor '
+                "every release has",
+            )
         if cid is not None and cid in seen:
             fields.add(
                 (*at, "id"),
@@ -262,7 +273,8 @@ def _claim_backends(fields: Fields, raw: Any, at: tuple[Any, ...]) -> tuple[str,
     return tuple(named)
 
 
-def _claim_torch(fields: Fields, raw: Any, at: tuple[Any, ...]) -> SpecifierSet | None:
+def _torch_spec(fields: Fields, raw: Any, at: tuple[Any, ...]) -> SpecifierSet | None:
+    """A table's ``torch = "<spec>"``: the releases a claim describes, or an anchor's code exists on."""
     fix = 'write a specifier such as `torch = "<2.14.1"` or `torch = ">=2.14.1"`'
     if not isinstance(raw, str) or not raw.strip():
         fields.add(at, "`torch` must be a PEP 440 version specifier string", fix)

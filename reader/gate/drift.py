@@ -1,6 +1,7 @@
 """Classify an anchor's live source against its approved lock entry, and explain the difference.
 
-Order of the checks, most to least severe: cannot resolve (removed / pattern lost) → never approved, or the
+An anchor scoped to other torch releases (``torch = "<2.15"`` on its table) is not read on this one: its kind says
+so, and it passes. Otherwise, most to least severe: cannot resolve (removed / pattern lost) → never approved, or the
 guide's anchor was edited since approval → the fingerprints (signature changed, code changed,
 annotations-only, cosmetic) → same text at other lines (moved) → unchanged. Note patterns that no longer land
 exactly once turn an otherwise passing anchor into "pattern lost", because the guide's annotations would point
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from reader.format.guide import AnchorSpec
-from reader.gate.lock import Lock, LockEntry
+from reader.gate.lock import ApprovedSource, Lock, LockEntry
 from reader.source.anchors import PATTERN_LOST, REMOVED, AnchorError, Resolution
 
 
@@ -29,10 +30,11 @@ class DriftKind(StrEnum):
     REMOVED = REMOVED
     PATTERN_LOST = PATTERN_LOST
     UNAPPROVED = "not yet approved"
+    OTHER_TORCH = "not read on this torch"
 
     @property
     def ok(self) -> bool:
-        return self in (DriftKind.UNCHANGED, DriftKind.MOVED, DriftKind.COSMETIC)
+        return self in (DriftKind.UNCHANGED, DriftKind.MOVED, DriftKind.COSMETIC, DriftKind.OTHER_TORCH)
 
 
 EXPLAIN = {
@@ -45,6 +47,7 @@ EXPLAIN = {
     DriftKind.REMOVED: "the symbol no longer exists",
     DriftKind.PATTERN_LOST: "a pattern no longer lands on exactly one statement",
     DriftKind.UNAPPROVED: "no approved source to compare with",
+    DriftKind.OTHER_TORCH: "the anchor is scoped to other torch releases",
 }
 
 
@@ -54,7 +57,7 @@ class Drift:
     anchor: AnchorSpec
     kind: DriftKind
     summary: str  # one line
-    approved: LockEntry | None = None
+    approved: ApprovedSource | None = None  # the approved source this torch was compared with
     current: Resolution | None = None
     error: AnchorError | None = None
     diff: str = ""
@@ -90,69 +93,63 @@ def classify(
     anchor: AnchorSpec,
     *,
     approved: LockEntry | None,
-    lock: Lock,
     current: Resolution | AnchorError,
     current_version: str | None,
+    lock: Lock | None = None,  # unused: fingerprints come from the approved text (kept for older callers)
 ) -> Drift:
+    entry = approved
     if isinstance(current, AnchorError):
         kind = DriftKind.PATTERN_LOST if current.kind == PATTERN_LOST else DriftKind.REMOVED
-        return Drift(guide_id, anchor, kind, current.message, approved, None, current)
-    if approved is None:
-        return Drift(
-            guide_id,
-            anchor,
-            DriftKind.UNAPPROVED,
-            f"`{anchor.symbol}` has never been approved for this guide",
-            None,
-            current,
+        was = entry.for_version(current_version) if entry is not None else None
+        return Drift(guide_id, anchor, kind, current.message, was, None, current)
+    if entry is None:
+        summary = f"`{anchor.symbol}` has never been approved for this guide"
+        return Drift(guide_id, anchor, DriftKind.UNAPPROVED, summary, None, current)
+    compared = compared_source(entry, current, current_version)
+    diff = unified_diff(compared, current, current_version)
+    if (entry.symbol, entry.pattern) != (anchor.symbol, anchor.pattern):
+        was = entry.symbol + (f" (pattern `{entry.pattern}`)" if entry.pattern else "")
+        summary = f"the guide's anchor changed since approval (was {was})"
+        return Drift(guide_id, anchor, DriftKind.UNAPPROVED, summary, compared, current, diff=diff)
+    kind = _kind(compared, current)
+    summary = EXPLAIN[kind]
+    if len(entry.sources) > 1 and not kind.ok:
+        versions = "; ".join(", ".join(s.approved_on) for s in entry.sources)
+        summary += (
+            f"; this torch ({current_version or '?'}) matches none of the {len(entry.sources)} sources approved "
+            f"(torch {versions}), compared with torch {', '.join(compared.approved_on)}'s"
         )
-    sources = approved.sources
-    approved = compared_source(approved, lock, current, current_version)
-    diff = unified_diff(approved, current, current_version)
-    if (approved.symbol, approved.pattern) != (anchor.symbol, anchor.pattern):
-        was = approved.symbol + (f" (pattern `{approved.pattern}`)" if approved.pattern else "")
-        return Drift(
-            guide_id,
-            anchor,
-            DriftKind.UNAPPROVED,
-            f"the guide's anchor changed since approval (was {was})",
-            approved,
-            current,
-            diff=diff,
-        )
-    old = lock.approved_fingerprints(approved)
-    new = current.fingerprints
+    return Drift(guide_id, anchor, kind, summary, compared, current, diff=diff if kind is not DriftKind.MOVED else "")
+
+
+def _kind(approved: ApprovedSource, current: Resolution) -> DriftKind:
+    old, new = approved.fingerprints, current.fingerprints
     moved = (approved.file, approved.lines) != (current.relpath, (current.start, current.end))
     if old.exact == new.exact:
-        kind = DriftKind.MOVED if moved else DriftKind.UNCHANGED
-    elif old.normalized == new.normalized:
-        kind = DriftKind.COSMETIC if old.annotations == new.annotations else DriftKind.ANNOTATIONS
-    elif old.signature != new.signature:
-        kind = DriftKind.SIGNATURE
-    else:
-        kind = DriftKind.CODE
-    summary = EXPLAIN[kind]
-    if len(sources) > 1 and not kind.ok:
-        versions = "; ".join(", ".join(s.approved_on) for s in sources)
-        summary += (
-            f"; this torch ({current_version or '?'}) matches none of the {len(sources)} sources approved "
-            f"(torch {versions}), compared with torch {', '.join(approved.approved_on)}'s"
-        )
-    return Drift(guide_id, anchor, kind, summary, approved, current, diff=diff if kind is not DriftKind.MOVED else "")
+        return DriftKind.MOVED if moved else DriftKind.UNCHANGED
+    if old.normalized == new.normalized:
+        return DriftKind.COSMETIC if old.annotations == new.annotations else DriftKind.ANNOTATIONS
+    return DriftKind.SIGNATURE if old.signature != new.signature else DriftKind.CODE
 
 
-def compared_source(approved: LockEntry, lock: Lock, current: Resolution, version: str | None) -> LockEntry:
-    """Of an anchor's approved sources (one per torch version of a matrix), the one this run is judged against:
-    the one whose text it has (exactly, then up to comments and formatting), else the nearest older version's."""
-    sources = approved.sources
+def compared_source(entry: LockEntry, current: Resolution, version: str | None) -> ApprovedSource:
+    """Of an anchor's approved sources (one per release of a matrix where the code differs), the one this run is
+    judged against: the one whose text it has (exactly, then up to comments and formatting), else the one its
+    release reads (the nearest older approval)."""
     for same in ("exact", "normalized"):
-        for source in sources:
-            if getattr(lock.approved_fingerprints(source), same) == getattr(current.fingerprints, same):
+        for source in entry.sources:
+            if getattr(source.fingerprints, same) == getattr(current.fingerprints, same):
                 return source
-    return approved.for_version(version)
+    return entry.for_version(version)
 
 
-def unified_diff(approved: LockEntry, current: Resolution, current_version: str | None) -> str:
+def other_torch(guide_id: str, anchor: AnchorSpec, current_version: str | None) -> Drift:
+    """An anchor scoped to other releases, on this one: not resolved, not compared, not approved here."""
+    summary = f"reads torch {anchor.torch}; this torch is {current_version}"
+    return Drift(guide_id, anchor, DriftKind.OTHER_TORCH, summary)
+
+
+def unified_diff(approved: ApprovedSource, current: Resolution, current_version: str | None) -> str:
     """approved → current, with hunk headers in real torch line numbers so they can be looked up."""
     first, last = approved.lines
     old_label = f"approved {approved.file}:{first}-{last} (torch {', '.join(approved.approved_on)})"

@@ -99,7 +99,8 @@ class SessionReport:
     lock: str
     guides: list[GuideReport] = field(default_factory=list)
     broken: list[str] = field(default_factory=list)  # rendered problems of guides that did not collect
-    approved: list[str] = field(default_factory=list)  # "guide/anchor (was: kind)"
+    approved: list[str] = field(default_factory=list)  # "guide/anchor (was: kind)", "guide on torch R: claims"
+    refused: list[str] = field(default_factory=list)  # "guide: why it was not approved" (nothing of it recorded)
     exit_code: int | None = None
 
     def guide(self, guide_id: str, path: str, title: str) -> GuideReport:
@@ -121,6 +122,7 @@ class SessionReport:
             "exit_code": self.exit_code,
             "broken_input": self.broken,
             "approved": self.approved,
+            "refused": self.refused,
             "guides": [
                 {
                     "id": g.id,
@@ -219,6 +221,9 @@ def summary(report: SessionReport, *, claims: bool = True) -> RenderableType:
     if report.approved:
         parts.append(Text(f"approved into {report.lock}:", style="bold green"))
         parts += [Text(f"  {a}", style="green") for a in report.approved]
+    if report.refused:
+        parts.append(Text("not approved (nothing of these guides was recorded):", style="bold red"))
+        parts += [Text(f"  {r}", style="red") for r in report.refused]
     if report.broken:
         parts.append(Text(f"broken input (exit code 2): {len(report.broken)}", style="bold red"))
         parts += [Text(f"  {problem.splitlines()[0]}", style="red") for problem in report.broken]

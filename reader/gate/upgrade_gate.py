@@ -5,6 +5,9 @@ installed into it, and ``pytest readings/ --drift-report`` run in it. Each leg l
 ``torch-<v>.md`` (the report a reviewer reads) and ``torch-<v>.log`` (pytest's output); ``summary.md`` puts the
 legs side by side. A venv that already holds the release is reused, so a second run costs only the tests.
 
+Releases are compared as versions (``reader.gate.releases``): ``2.15``, ``2.15.0`` and the ``2.15.0+cu132`` a
+CUDA build reports name one release, one leg, one venv ``torch-2.15.0``.
+
 This is not part of ``.ci/run``: the builds are CUDA wheels of several GB, and the project's own CI stays on
 2.13.0. Exit status: the worst leg's (0 clean, 1 drift or a failed claim, 2 broken input or a failed build).
 """
@@ -19,10 +22,10 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.version import InvalidVersion, Version
 from rich.console import Console
 
 from reader.format.parse import find_readings
+from reader.gate.releases import release, same_release
 
 BROKEN = 2
 
@@ -94,25 +97,22 @@ def plan(releases: list[str], venvs: Path, wheels: list[str], project: Path) -> 
         raise ValueError(f"--venvs {venvs} is inside the project {project}; put the venvs elsewhere, e.g. /tmp")
     by_release: dict[str, Path] = {}
     for item in wheels:
-        release, sep, path = item.partition("=")
+        named, sep, path = item.partition("=")
         if not sep or not Path(path).is_file():
             raise ValueError(f"--wheel {item}: expected RELEASE=PATH to an existing wheel file")
-        by_release[release] = Path(path).resolve()
-    legs = []
-    for release in releases:
-        try:
-            Version(release)
-        except InvalidVersion:
-            raise ValueError(f"`{release}` is not a torch release (e.g. 2.15.0)") from None
-        legs.append(Leg(release, root / f"torch-{release}", by_release.get(release)))
-    return legs
+        by_release[release(named)] = Path(path).resolve()
+    legs: dict[str, Leg] = {}
+    for named in releases:
+        canonical = release(named)  # `2.15` and `2.15.0` are one leg
+        legs.setdefault(canonical, Leg(canonical, root / f"torch-{canonical}", by_release.get(canonical)))
+    return list(legs.values())
 
 
 def commands(leg: Leg, project: Path, out: Path, extra: list[str], *, installed: str | None) -> list[list[str]]:
     """What a leg runs: build the venv and install unless it already holds the release, then the guides."""
     steps: list[list[str]] = []
     python = str(leg.python)
-    if not _same_release(installed, leg.release):
+    if not same_release(installed, leg.release):
         if installed is None:
             steps.append([sys.executable, "-m", "venv", str(leg.venv)])
         steps.append([python, "-m", "pip", "install", "--quiet", str(leg.wheel or f"torch=={leg.release}")])
@@ -137,7 +137,7 @@ def run_leg(leg: Leg, project: Path, out: Path, extra: list[str], console: Conso
             console.print(f"  failed: {' '.join(step)}", markup=False, style="red")
             return BROKEN
     got = installed_torch(leg) if build else installed  # a reused venv was just asked
-    if not _same_release(got, leg.release):
+    if not same_release(got, leg.release):
         console.print(f"  the venv holds torch {got}, not {leg.release} (a pip constraint?)", markup=False, style="red")
         return BROKEN
     console.print("  " + " ".join(tests), markup=False)
@@ -152,13 +152,6 @@ def installed_torch(leg: Leg) -> str | None:
         [str(leg.python), "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True, check=False
     )
     return found.stdout.strip() if found.returncode == 0 else ""
-
-
-def _same_release(installed: str | None, release: str) -> bool:
-    try:
-        return installed is not None and Version(installed).public == Version(release).public
-    except InvalidVersion:
-        return False
 
 
 def summarize(reports: list[Path], codes: dict[str, int] | None = None) -> str:

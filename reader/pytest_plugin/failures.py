@@ -27,9 +27,10 @@ class ItemProblem(Exception):
 
 
 class AnchorDrifted(ItemProblem):
-    def __init__(self, drift: Drift, approving: bool) -> None:
+    def __init__(self, drift: Drift, approving: bool, refused: tuple[str, ...] = ()) -> None:
         self.drift = drift
         self.approving = approving
+        self.refused = refused  # why its guide was not approved
         super().__init__(drift.summary)
 
 
@@ -58,10 +59,11 @@ class DriftRepr:
     anchor: AnchorSpec
     drift: Drift
     approving: bool
+    refused: tuple[str, ...] = ()  # why the guide was not approved (nothing of it was recorded)
 
     def lines(self) -> Iterator[tuple[str, dict[str, bool]]]:
         drift, anchor = self.drift, self.anchor
-        verb = "cannot be approved" if self.approving else "drifted"
+        verb = "not approved" if self.approving else "drifted"
         yield (
             f"{self.where}: anchor `{anchor.name}` ({anchor.symbol}) {verb}: {drift.kind.value}",
             {"red": True, "bold": True},
@@ -78,6 +80,10 @@ class DriftRepr:
             yield f"  {problem}", {"yellow": True}
         for hint in drift.error.hints if drift.error else []:
             yield f"  hint: {hint}", {"cyan": True}
+        if self.refused:
+            yield f"  nothing of {self.guide_id} was recorded:", {"red": True}
+            for reason in self.refused:
+                yield f"    {reason}", {"red": True}
         if drift.diff:
             yield "", {}
             for line in drift.diff.rstrip("\n").split("\n"):

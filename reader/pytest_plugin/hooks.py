@@ -10,7 +10,9 @@ Item ids come from anchor names and claim ids, never from line numbers. Failures
 lines (like pytest's doctest items). A broken guide is a collection error naming file, line and fix; the other
 guides still run, and the session exits 2 (0 clean, 1 drift or failed claim).
 
-Options: ``--approve[=GUIDE_ID]``, ``--torch-source PATH``, ``--drift-report FILE``; ini ``readings_dir``.
+Options: ``--approve[=GUIDE_ID]`` (with ``--force REASON``), ``--torch-source PATH``, ``--drift-report FILE``;
+ini ``readings_dir``. Approving runs the guide's claims in the same session and records the guide only if they
+held (``reader.pytest_plugin.approving``).
 
 This module holds only the hooks; the nodes are in ``reader.pytest_plugin.items``, their failure text in
 ``reader.pytest_plugin.failures``, the session's state in ``reader.pytest_plugin.session``.
@@ -32,8 +34,10 @@ from reader.claims.progress import Progress, ProgressError
 from reader.claims.request import traced_request
 from reader.claims.verdict import failure_summary
 from reader.format.guide import ClaimSpec, Guide
+from reader.gate.approval import NotApprovable
 from reader.gate.drift_report import write_drift_report
 from reader.gate.report import ClaimRow, anchor_row, summary
+from reader.pytest_plugin import approving as approvals
 from reader.pytest_plugin import hookspecs
 from reader.pytest_plugin.items import AnchorItem, ClaimItem, GuideFile, GuideItem, is_guide_file
 from reader.pytest_plugin.session import SESSION, ReaderSession, session_of
@@ -60,9 +64,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         const="*",
         default=None,
         metavar="GUIDE_ID",
-        help="record the current torch source of the collected guides' anchors (or only GUIDE_ID's; "
-        "repeatable, comma-separated) in readings/anchors.lock, after re-reading the guide. "
-        "Put paths before it.",
+        help="after re-reading GUIDE_ID (repeatable, comma-separated), run its claims and record its anchors' "
+        "torch source in readings/anchors.lock, all or nothing, if every claim held. Bare: the one guide whose "
+        "anchors drift. Put paths before it.",
+    )
+    group.addoption(
+        "--force",
+        metavar="REASON",
+        default=None,
+        help="with --approve: approve although a claim failed or did not run, for this reason (kept in the lock)",
     )
     group.addoption(
         "--torch-source",
@@ -93,11 +103,13 @@ def runs_slow(config: pytest.Config) -> bool:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    approving = approvals.plan(session_of(config), items)  # after deselection: what runs is what is judged
     if runs_slow(config):
         return
     skip = pytest.mark.skip(reason=f"slow: run with --slow (or {SLOW_ENV}=1)")
     for item in items:
-        if item.get_closest_marker("slow") is not None:
+        approved_here = isinstance(item, GuideItem) and item.guide.id in approving  # approval runs every claim
+        if item.get_closest_marker("slow") is not None and not approved_here:
             item.add_marker(skip)
 
 
@@ -190,16 +202,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     options, findings, workspace = reader.options, reader.findings, reader.resources.opened
     if options.approve_ids is not None:
         collected = set(findings.guides.guides)
-        for unknown in sorted(options.approve_ids - collected - {"*"}):
+        for unknown in sorted(options.approve_ids - collected - {approvals.BARE}):
             known = ", ".join(sorted(collected)) or "none"
             findings.broken[f"--approve={unknown}"] = (
                 f"--approve={unknown}: no collected guide has this id (collected: {known})"
             )
         if workspace is not None:
-            for guide in findings.guides.guides.values():
-                if options.approving(guide.id) and findings.fully_approved(guide):
-                    workspace.prune(guide)
-            workspace.save()
+            workspace.save()  # only what `Workspace.approve_guide` recorded, whole guides
+        refused = any(isinstance(d, NotApprovable) for d in findings.approvals.values())
+        if refused and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a refused approval is not a clean run
     reader.describe_torch()
     report = findings.report
     report.broken = list(findings.broken.values())
@@ -249,7 +261,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     console.print(summary(findings.report))
     terminalreporter.write_sep("=", "reading guides")
     terminalreporter.write(console.file.getvalue())
-    for key in [k for k in findings.broken if k.startswith("--approve=")]:
+    for key in [k for k in findings.broken if k.startswith("--approve")]:
         terminalreporter.write_line(findings.broken[key], red=True)
     if findings.written:
         json_path, md_path = findings.written

@@ -20,9 +20,11 @@ from reader.format.errors import GuideError
 from reader.format.guide import AnchorSpec, ClaimSpec, Guide
 from reader.format.parse import load_guide, looks_like_guide
 from reader.format.predict import NotObserved, PredictQuestion, agrees, observed
+from reader.gate.approval import NotApprovable
 from reader.gate.drift import Drift
 from reader.gate.lock import LockError
-from reader.gate.workspace import NotApprovable, Workspace
+from reader.gate.workspace import Workspace
+from reader.pytest_plugin import approving as approvals
 from reader.pytest_plugin.failures import AnchorDrifted, ClaimFailed, DriftRepr, ItemProblem, malformed_lock
 from reader.pytest_plugin.session import session_of
 from reader.source.torch_source import SourceError
@@ -110,16 +112,11 @@ class AnchorItem(GuideItem):
         except LockError as exc:
             reader.findings.lock_error = exc
             raise ItemProblem(malformed_lock(reader.display(exc.path), exc)) from None
-        if reader.options.approving(self.guide.id):
-            try:
-                approval = workspace.approve(self.guide, self.anchor)
-            except NotApprovable as exc:
-                self.drift = exc.drift
-                raise AnchorDrifted(exc.drift, approving=True) from None
-            self.drift = approval.drift
-            self.approved = True
-            self.user_properties.append(("approved", approval.drift.kind.value))
-            reader.findings.approve(self.guide, self.anchor, approval.drift)
+        if not self.anchor.applies_to(workspace.torch_version):
+            pytest.skip(f"anchor `{self.anchor.name}` reads torch {self.anchor.torch}; this torch is "
+                        f"{workspace.torch_version}")  # fmt: skip
+        if self.guide.id in reader.findings.approving:
+            self._approve(workspace)
             return
         drift = workspace.drift(self.guide, self.anchor)
         self.drift = drift
@@ -127,13 +124,30 @@ class AnchorItem(GuideItem):
         if not drift.ok:
             raise AnchorDrifted(drift, approving=False)
 
+    def _approve(self, workspace: Workspace) -> None:
+        """Passes if the guide was approved whole; else a drifted anchor fails with why (an unchanged one passes:
+        its claims' own items already report what failed)."""
+        decided = approvals.decide(session_of(self.config), self.guide)
+        if isinstance(decided, NotApprovable):
+            drift = workspace.drift(self.guide, self.anchor)
+            self.drift = drift
+            if not drift.ok:
+                raise AnchorDrifted(drift, approving=True, refused=tuple(decided.reasons))
+            return
+        approval = next(a for a in decided.anchors if a.drift.anchor.name == self.anchor.name)
+        self.drift = approval.drift
+        self.approved = True
+        self.user_properties.append(("approved", approval.drift.kind.value))
+
     def repr_failure(  # type: ignore[override]
         self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None
     ) -> str | TerminalRepr | DriftRepr:
         if isinstance(excinfo.value, AnchorDrifted):
             display = session_of(self.config).display(self.path)
             drifted = excinfo.value
-            return DriftRepr(self.where(), display, self.guide.id, self.anchor, drifted.drift, drifted.approving)
+            return DriftRepr(
+                self.where(), display, self.guide.id, self.anchor, drifted.drift, drifted.approving, drifted.refused
+            )
         return super().repr_failure(excinfo, style=style)
 
 

@@ -4,8 +4,8 @@
   error before anything is collected).
 - `Resources`: torch's source, the workspace over it and the check runner, opened on first use and closed at
   the end, so a session that runs no guide item never reads torch or starts a rank pool.
-- `Findings`: what collection and the items found (guides, broken input, approvals); the exit code, the
-  terminal summary and the drift report are made from it.
+- `Findings`: what collection and the items found (guides, broken input, the approvals decided); the exit code,
+  the terminal summary and the drift report are made from it.
 
 `ReaderSession` bundles the three with `Display`; ``session_of(config)`` finds it.
 """
@@ -18,12 +18,11 @@ from typing import Any
 
 import pytest
 
-from reader.format.guide import AnchorSpec, Guide
 from reader.format.parse import GuideRegistry
-from reader.gate.drift import Drift
+from reader.gate.approval import NotApprovable, force_reason
 from reader.gate.lock import LockError
 from reader.gate.report import SessionReport
-from reader.gate.workspace import LOCK_NAME, Workspace
+from reader.gate.workspace import LOCK_NAME, GuideApproval, Workspace
 from reader.pytest_plugin.runner import CheckRunner, PoolRunner
 from reader.source.checkref import CheckFinder
 from reader.source.index import IndexCache
@@ -48,26 +47,39 @@ class Display:
 @dataclass(frozen=True)
 class Options:
     readings_dir: Path  # ini ``readings_dir``, resolved against the rootdir
-    approve_ids: frozenset[str] | None  # --approve: None when absent; "*" approves every guide
+    approve_ids: frozenset[str] | None  # --approve: None when absent; "*": the one guide that drifts
     drift_report: Path | None
     torch_source: str | None  # --torch-source: preview anchors against another torch
+    force: str | None = None  # --force: why a guide is approved although a claim failed or did not run
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Options:
         report = config.getoption("drift_report")
+        approve_ids = _approve_ids(config.getoption("approve"))
+        torch_source = config.getoption("torch_source") or None
+        forced = config.getoption("force")
+        if approve_ids is not None and torch_source:
+            raise pytest.UsageError(
+                "--approve records what ran on the installed torch, and with --torch-source nothing runs (claims "
+                f"are skipped): install the torch of {torch_source} in a venv and approve there"
+            )
+        if forced is not None and approve_ids is None:
+            raise pytest.UsageError("--force gives the reason to approve a guide anyway: use it with --approve=<id>")
+        try:
+            force = force_reason(forced)
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
         return cls(
             readings_dir=(config.rootpath / str(config.getini("readings_dir"))).resolve(),
-            approve_ids=_approve_ids(config.getoption("approve")),
+            approve_ids=approve_ids,
             drift_report=Path(report) if report else None,
-            torch_source=config.getoption("torch_source") or None,
+            torch_source=torch_source,
+            force=force,
         )
 
     @property
     def lock_path(self) -> Path:
         return self.readings_dir / LOCK_NAME
-
-    def approving(self, guide_id: str) -> bool:
-        return self.approve_ids is not None and ("*" in self.approve_ids or guide_id in self.approve_ids)
 
 
 def _approve_ids(values: list[str] | None) -> frozenset[str] | None:
@@ -142,21 +154,14 @@ class Findings:
     report: SessionReport
     guides: GuideRegistry  # every guide collected, by id (a second guide with a known id is broken input)
     broken: dict[str, str] = field(default_factory=dict)  # nodeid of a guide file (or "--approve=ID") → problems
-    approved: dict[str, set[str]] = field(default_factory=dict)  # guide id → anchor names approved this session
     lock_error: LockError | None = None
     written: tuple[Path, Path] | None = None  # the drift report's JSON and Markdown files
     verdicts: dict[tuple[str, str], Any] = field(default_factory=dict)  # (guide id, claim id) → ClaimVerdict
     results: dict[tuple[str, str], str] = field(default_factory=dict)  # judged claims' item outcomes, to record
     progress_problem: str | None = None  # why the results could not be recorded
 
-    def approve(self, guide: Guide, anchor: AnchorSpec, was: Drift) -> None:
-        self.approved.setdefault(guide.id, set()).add(anchor.name)
-        self.report.approved.append(f"{guide.id}/{anchor.name} (was: {was.kind.value})")
-
-    def fully_approved(self, guide: Guide) -> bool:
-        """Every anchor of ``guide`` was approved this session (only then may its stale lock entries go)."""
-        names = self.approved.get(guide.id, set())
-        return bool(guide.anchors) and all(anchor.name in names for anchor in guide.anchors)
+    approving: frozenset[str] = frozenset()  # the guides --approve approves, once collection is done
+    approvals: dict[str, GuideApproval | NotApprovable] = field(default_factory=dict)  # guide id → decision
 
 
 class ReaderSession:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import textwrap
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from checks.ranks.protocol import CheckRequest, CheckRun, RankResult
 from reader.format.body import BodyContext, Fence
 from reader.source.torch_source import DirSource
 
@@ -212,3 +213,55 @@ def quiz_blocks(fences: Sequence[Fence], context: BodyContext) -> Iterator[Quiz]
             continue
         answers = tuple(line.strip() for line in fence.content.split("\n") if line.strip())
         yield Quiz(" ".join(fence.args), answers, fence.start, fence.end)
+
+
+class FakeManager:
+    """Stands in for a `checks.ranks.manager.PoolManager` in the CLI's claim runner (``args.manager``): a claim
+    passes, running every traced symbol, unless its id is in ``fail``, when its check fails on rank 1 with a
+    `Violation` reason. Every request is kept in ``requests``."""
+
+    def __init__(self, fail: Iterable[str] = (), reason: str = "dtype-changed") -> None:
+        self.fail = set(fail)
+        self.reason = reason
+        self.requests: list[CheckRequest] = []
+
+    def run(self, request: CheckRequest) -> CheckRun:
+        self.requests.append(request)
+        executed = frozenset(request.trace)
+        if request.kwargs.get("claim") in self.fail:
+            message = "reduce dtype was float32, not bfloat16"
+            bad = RankResult(1, ok=False, executed=executed, error=f"Violation: {message}",
+                             error_type="checks.violation.Violation", message=message, reason=self.reason)  # fmt: skip
+            return CheckRun(request, [RankResult(0, ok=True, executed=executed), bad], failure=f"rank 1: {message}")
+        return CheckRun(request, [RankResult(r, ok=True, value=r, executed=executed) for r in range(2)])
+
+    def close(self) -> None:
+        pass
+
+
+FAKE_CHECKS = "def check(ctx, **kwargs):\n    pass\n"
+
+
+def write_fake_checks(root: Path) -> None:
+    """A ``fakechecks`` package next to ``readings/``, so a fixture guide's ``check`` names a function that exists."""
+    (root / "fakechecks").mkdir(exist_ok=True)
+    (root / "fakechecks" / "__init__.py").write_text("")
+    (root / "fakechecks" / "claims.py").write_text(FAKE_CHECKS)
+
+
+def claim(claim_id: str, **fields: str) -> str:
+    """A ``[[claims]]`` table whose check is the fake one; its id travels in its kwargs, for `FakeManager`."""
+    extra = "".join(f"{key} = {value}\n" for key, value in fields.items())
+    return (
+        f'[[claims]]\nid = "{claim_id}"\nstatement = "Claim {claim_id} holds."\n'
+        f'check = "fakechecks.claims:check"\nworld_size = 2\nkwargs = {{ claim = "{claim_id}" }}\n{extra}'
+    )
+
+
+def cli(argv: Sequence[str], manager: FakeManager | None = None) -> int:
+    """``fsdp-readings ARGV`` in process, its claims sent to ``manager`` (as the study commands' tests do)."""
+    from reader.commands.app import build_parser, make_console
+
+    args = build_parser().parse_args(list(argv))
+    args.manager = manager or FakeManager()
+    return int(args.run(args, make_console()))

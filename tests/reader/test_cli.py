@@ -32,12 +32,13 @@ def test_drift_then_approve_then_clean(readings: Path, installed_tree: TorchTree
     code, out = run(capsys, "drift")
     assert code == 1 and "not yet approved" in out
     code, out = run(capsys, "approve", "04-forward-prefetch")
-    assert code == 0 and "04-forward-prefetch/prefetch (was: not yet approved; torch 2.13.0+cpu)" in out
+    assert code == 0 and "04-forward-prefetch/prefetch (was: not yet approved; torch 2.13.0)" in out
     assert "wrote readings/anchors.lock" in out
     code, out = run(capsys, "drift")
     assert code == 0
     code, out = run(capsys, "approve")
-    assert code == 0 and "unchanged: readings/anchors.lock" in out
+    assert code == 0 and "nothing to approve: every anchor reads as approved on torch 2.13.0+cpu" in out
+    assert "unchanged: readings/anchors.lock" in out
 
 
 def test_drift_shows_the_diff_and_writes_a_report(readings: Path, installed_tree: TorchTree, capsys):
@@ -56,12 +57,16 @@ def test_drift_shows_the_diff_and_writes_a_report(readings: Path, installed_tree
 def test_approve_shows_what_it_records_and_refuses_removed(readings: Path, installed_tree: TorchTree, capsys):
     run(capsys, "approve")
     installed_tree.edit(RUNTIME, "handle._prefetched = True", "handle._prefetched = 1")
+    code, out = run(capsys, "approve")
+    assert code == 0 and "approving code changed" in out and "+    handle._prefetched = 1" in out
+    lock = (readings / "anchors.lock").read_text()
+    installed_tree.edit(RUNTIME, "handle._prefetched = 1", "handle._prefetched = 2")
     installed_tree.edit("torch/distributed/fsdp/_flat_param.py", "def unshard(self):", "def unshard_now(self):")
     code, out = run(capsys, "approve")
     assert code == 1
-    assert "approving code changed" in out and "+    handle._prefetched = 1" in out
     assert "removed: torch.distributed.fsdp._flat_param has no `FlatParamHandle.unshard`" in out
     assert "`FlatParamHandle.unshard_now`" in out
+    assert (readings / "anchors.lock").read_text() == lock  # all or nothing: the new `prefetch` is not kept
 
 
 def test_broken_input_and_bad_arguments_exit_2(readings: Path, installed_tree: TorchTree, capsys, tmp_path: Path):
@@ -95,7 +100,7 @@ def test_commands_are_registered():
 
 def test_approving_everything_drops_entries_of_deleted_guides(readings: Path, installed_tree: TorchTree, capsys):
     (readings / "05-gone.md").write_text(guide("05-gone", anchors=PREFETCH_ANCHOR))
-    run(capsys, "approve")
+    run(capsys, "approve", "04-forward-prefetch", "05-gone")
     (readings / "05-gone.md").unlink()
     code, out = run(capsys, "approve", "04-forward-prefetch")
     assert "05-gone/prefetch" in (readings / "anchors.lock").read_text()  # not asked about: kept

@@ -8,9 +8,10 @@ import pytest
 
 from reader.format.guide import Guide
 from reader.format.parse import parse_guide
+from reader.gate.approval import NotApprovable
 from reader.gate.drift import DriftKind
 from reader.gate.lock import Lock
-from reader.gate.workspace import NotApprovable, Workspace
+from reader.gate.workspace import Workspace
 from reader.source.index import IndexCache
 from tests.reader.reader_support import LIMIT_ANCHOR, PREFETCH_ANCHOR, UNSHARD_ANCHOR, TorchTree, guide
 
@@ -36,8 +37,7 @@ def load(text: str, tmp_path: Path) -> Guide:
 
 def approved_workspace(tree: TorchTree, tmp_path: Path, g: Guide) -> Path:
     workspace = Workspace(tree.source(), tmp_path / "readings" / "anchors.lock", IndexCache())
-    for anchor in g.anchors:
-        workspace.approve(g, anchor)
+    workspace.approve_guide(g, {})  # these guides have no claims
     assert workspace.save()
     return workspace.lock_path
 
@@ -105,7 +105,7 @@ def test_code_changed_diff_points_at_real_lines(torch_tree: TorchTree, tmp_path:
     assert drift.kind is DriftKind.CODE and not drift.ok
     assert "-    handle._prefetched = True\n+    handle._prefetched = bool(handle)\n" in drift.diff
     assert "@@ -26,4 +26,4 @@" in drift.diff  # torch's own line numbers, not 1-based snippet offsets
-    assert drift.diff.startswith(f"--- approved {RUNTIME}:17-29 (torch 2.13.0+cpu)\n+++ current  {RUNTIME}:17-29")
+    assert drift.diff.startswith(f"--- approved {RUNTIME}:17-29 (torch 2.13.0)\n+++ current  {RUNTIME}:17-29")
 
 
 def test_signature_changed(torch_tree: TorchTree, tmp_path: Path):
@@ -253,23 +253,29 @@ def test_approve_refuses_what_cannot_be_pinned(torch_tree: TorchTree, tmp_path: 
     torch_tree.edit(RUNTIME, "handle._prefetched = True", "handle.done = True")
     workspace = Workspace(torch_tree.source(), lock_path, IndexCache())
     with pytest.raises(NotApprovable, match="pattern lost"):
-        workspace.approve(g, g.anchors[0])
+        workspace.approve_guide(g, {})
 
 
-def test_approve_records_the_torch_versions_of_the_same_source(torch_tree: TorchTree, tmp_path: Path):
+def test_approving_unchanged_source_on_a_new_release_changes_no_entry(torch_tree: TorchTree, tmp_path: Path):
     g = load(guide(anchors=NARROWED), tmp_path)
     lock_path = approved_workspace(torch_tree, tmp_path, g)
-    torch_tree.set_version("2.14.0")
+    torch_tree.set_version("2.14.0+cu130")
     workspace = Workspace(torch_tree.source(), lock_path, IndexCache())
-    approval = workspace.approve(g, g.anchors[0])
+    (approval,) = workspace.approve_guide(g, {}).anchors
     assert approval.drift.kind is DriftKind.UNCHANGED
-    assert approval.entry.approved_on == ("2.13.0+cpu", "2.14.0")  # same source, one more version
+    assert approval.source.approved_on == ("2.13.0",)  # it holds from 2.13.0 on; the guide's record says 2.14.0
+    workspace.save()
+    lock = Lock.load(lock_path)
+    assert lock.releases_of(g.id) == ("2.14.0",)  # no matrix: the newest release replaces the older
     torch_tree.edit(RUNTIME, "handle._prefetched = True", "handle._prefetched = True  # now commented")
     torch_tree.set_version("2.15.0")
     workspace = Workspace(torch_tree.source(), lock_path, IndexCache())
-    assert workspace.approve(g, g.anchors[0]).entry.approved_on == ("2.15.0",)  # new text: history restarts
+    assert workspace.approve_guide(g, {}).anchors[0].source.approved_on == ("2.15.0",)  # new text
     workspace.save()
-    assert Lock.load(lock_path).get(g.id, "mark").source == "    handle._prefetched = True  # now commented\n"
+    entry = Lock.load(lock_path).get(g.id, "mark")
+    assert entry is not None and [s.source for s in entry.sources] == [
+        "    handle._prefetched = True  # now commented\n"
+    ]
 
 
 def test_prune_drops_entries_the_guide_no_longer_declares(torch_tree: TorchTree, tmp_path: Path):

@@ -172,9 +172,9 @@ def test_approve_round_trip(project: pytest.Pytester, installed_tree: TorchTree)
         [
             "*anchor `prefetch`*drifted: code changed",
             "  the code changed",
-            f"  approved: {RUNTIME}:17-29 (torch 2.13.0+cpu)",
+            f"  approved: {RUNTIME}:17-29 (torch 2.13.0)",
             f"  current:  */site-packages/{RUNTIME}:17-29",
-            f"--- approved {RUNTIME}:17-29 (torch 2.13.0+cpu)",
+            f"--- approved {RUNTIME}:17-29 (torch 2.13.0)",
             f"+++ current  {RUNTIME}:17-29 (torch 2.13.0+cpu)",
             "@@ -26,4 +26,4 @@",
             "-    handle._prefetched = True",
@@ -390,7 +390,7 @@ def test_broken_python_tests_still_interrupt_the_session(project: pytest.Pyteste
 
 def test_preview_a_wheel_and_write_a_drift_report(project: pytest.Pytester, installed_tree: TorchTree, tmp_path: Path):
     write_guide(project, guide(anchors=PREFETCH_ANCHOR + UNSHARD_ANCHOR + LIMIT_ANCHOR, claims=CLAIMS))
-    assert project.runpytest("readings", "--approve", "-k", "anchor").ret == 0
+    assert project.runpytest("readings", "--approve").ret == 0
     installed_tree.edit(RUNTIME, "handle._prefetched = True", "handle._prefetched = False")
     installed_tree.edit(RUNTIME, "_PREFETCH_LIMIT: int = 2", "_PREFETCH_LIMIT: int = 2  # tuned")
     installed_tree.set_version("2.14.0", git="f" * 40)
@@ -461,7 +461,9 @@ def test_the_upgrade_report_says_what_to_reread_and_what_changed_in_behaviour(
     project: pytest.Pytester, installed_tree: TorchTree
 ):
     write_guide(project, guide(anchors=PREFETCH_ANCHOR + UNSHARD_ANCHOR, claims=UPGRADE_CLAIMS, body=UPGRADE_BODY))
-    assert project.runpytest("readings", "--approve", "-k", "anchor").ret == 0
+    forced = "--force=both claims fail on purpose: the report shows failed claims"
+    assert project.runpytest("readings", "--approve", forced).ret == 1  # approved; its failing claim still fails
+    assert '"forced": "both claims fail on purpose' in (project.path / "readings" / "anchors.lock").read_text()
     installed_tree.edit(RUNTIME, "handle._prefetched = True", "handle._prefetched = False")
     installed_tree.edit("torch/distributed/fsdp/_flat_param.py", "def unshard(self):", "def unshard(self, now=True):")
     installed_tree.set_version("2.15.0")
@@ -488,7 +490,7 @@ def test_the_upgrade_report_says_what_to_reread_and_what_changed_in_behaviour(
         "evidence for claims `order-holds`" in section
     )
     assert "  -    handle._prefetched = True\n  +    handle._prefetched = False" in section
-    assert "(torch 2.13.0+cpu) → now `torch/distributed/fsdp/_runtime_utils.py:17-29`" in section
+    assert "(torch 2.13.0) → now `torch/distributed/fsdp/_runtime_utils.py:17-29`" in section
     assert f"**claim `order-breaks` failed** ({GUIDE}:{claim_line}, reason `prefetch-order`)" in section
     data = json.loads((project.path / "gate.json").read_text())
     claims = {c["id"]: c for c in data["guides"][0]["claims"]}
@@ -750,3 +752,172 @@ def test_claim_results_are_recorded_for_list_with_the_torch_they_ran_on(
     assert Progress(private_progress / "progress.json").claims("04-forward-prefetch") == recorded.claims(
         "04-forward-prefetch"
     )
+
+
+APPROVE_CLAIMS = """
+[[claims]]
+id = "holds"
+statement = "Forward prefetch follows the order recorded in iteration 1."
+check = "fakechecks.prefetch:forward_order"
+world_size = 2
+kwargs = { fake = "ok" }
+
+[[claims]]
+id = "breaks"
+statement = "Prefetch happens in the recorded order."
+check = "fakechecks.prefetch:forward_order"
+world_size = 2
+kwargs = { fake = "fail" }
+"""
+
+
+def lock_text(project: pytest.Pytester) -> str | None:
+    lock = project.path / "readings" / "anchors.lock"
+    return lock.read_text() if lock.exists() else None
+
+
+def test_approval_is_refused_when_a_claim_fails_and_nothing_is_written(project: pytest.Pytester):
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR + UNSHARD_ANCHOR, claims=APPROVE_CLAIMS, body=BODY))
+    result = project.runpytest("readings", "--approve=04-forward-prefetch")
+    assert result.ret == 1
+    result.assert_outcomes(passed=1, failed=3)  # the failing claim, and both drifted anchors it kept unapproved
+    result.stdout.fnmatch_lines(
+        [
+            f"{GUIDE}:8: anchor `prefetch` (*) not approved: not yet approved",
+            "  nothing of 04-forward-prefetch was recorded:",
+            "    claim `breaks` failed on torch 2.13.0+cpu: `prefetch-order` rank 1: prefetch order was [2, 1]",
+            '    fix the guide, scope the claim to the torch it holds for *, or approve anyway with --force "<why>"*',
+        ]
+    )
+    result.stdout.fnmatch_lines(["not approved (nothing of these guides was recorded):", "  04-forward-prefetch: *"])
+    assert lock_text(project) is None
+
+
+def test_forcing_an_approval_keeps_the_reason_and_the_failed_claims(project: pytest.Pytester):
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR, claims=APPROVE_CLAIMS, body=BODY))
+    reason = "breaks is a real behaviour change of this torch; the guide says so"
+    result = project.runpytest("readings", "--approve=04-forward-prefetch", f"--force={reason}")
+    assert result.ret == 1  # its claim still fails: the run is not clean, but the person decided
+    result.stdout.fnmatch_lines([f"  04-forward-prefetch on torch 2.13.0: 1 claims held; forced over breaks: {reason}"])
+    record = json.loads(lock_text(project) or "{}")["guides"]["04-forward-prefetch"]["2.13.0"]
+    assert record == {"claims_failed": ["breaks"], "claims_held": 1, "forced": reason}
+
+
+def test_approval_needs_every_claim_of_the_guide_to_run(project: pytest.Pytester):
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR, claims=APPROVE_CLAIMS.replace('"fail"', '"ok"'), body=BODY))
+    result = project.runpytest("readings", "--approve=04-forward-prefetch", "-k", "anchor or holds")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["    claim `breaks` did not run in this session (deselected, *"])
+    assert lock_text(project) is None
+    assert project.runpytest("readings", "--approve=04-forward-prefetch").ret == 0
+    record = json.loads(lock_text(project) or "{}")["guides"]["04-forward-prefetch"]
+    assert record == {"2.13.0": {"claims_held": 2}}
+
+
+def test_approval_runs_slow_claims_and_reads_anchors_after_the_claims(project: pytest.Pytester):
+    project.makeini("[pytest]\naddopts = -p no:cacheprovider -p no:hypothesispytest -p reader.plugin\n")  # no --slow
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR, claims=CLAIMS, body=BODY))
+    plain = project.runpytest("readings", "-v")
+    plain.assert_outcomes(passed=1, failed=1, skipped=1)  # the slow claim is skipped without --slow
+    approved = project.runpytest("readings", "--approve=04-forward-prefetch", "-v")
+    assert approved.ret == 0
+    approved.assert_outcomes(passed=3)
+    lines = [line for line in approved.stdout.lines if line.startswith(f"{GUIDE}::")]
+    assert [line.split()[0].split("::")[1] for line in lines] == ["claim[forward-order]", "claim[no-prefetch]",
+                                                                   "anchor[prefetch]"]  # fmt: skip
+
+
+def test_approval_options_that_cannot_record_the_truth_are_usage_errors(
+    project: pytest.Pytester, installed_tree: TorchTree, tmp_path: Path
+):
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR))
+    wheel = installed_tree.wheel(tmp_path / "torch-2.15.0-cp311-cp311-linux_x86_64.whl", version="2.15.0")
+    preview = project.runpytest("readings", "--approve", "--torch-source", str(wheel))
+    assert preview.ret == pytest.ExitCode.USAGE_ERROR
+    preview.stderr.fnmatch_lines(["*--approve records what ran on the installed torch, and with --torch-source*"])
+    forced = project.runpytest("readings", "--force=a reason with no approval")
+    assert forced.ret == pytest.ExitCode.USAGE_ERROR
+    forced.stderr.fnmatch_lines(["*--force gives the reason to approve a guide anyway: use it with --approve=<id>*"])
+    terse = project.runpytest("readings", "--approve", "--force=ok")
+    assert terse.ret == pytest.ExitCode.USAGE_ERROR
+    terse.stderr.fnmatch_lines(["*--force needs the reason a person approves anyway, in words*"])
+    assert lock_text(project) is None
+
+
+def test_a_bare_approve_lists_the_guides_to_approve_when_there_are_several(project: pytest.Pytester):
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR))
+    write_guide(project, guide("05-other", anchors=UNSHARD_ANCHOR), "readings/05-other.md")
+    result = project.runpytest("readings", "--approve")
+    assert result.ret == 2
+    result.stdout.fnmatch_lines(
+        [
+            "--approve: 2 guides to approve on torch 2.13.0+cpu; approve each after re-reading it, by id *",
+            "    04-forward-prefetch: prefetch (not yet approved)",
+            "    05-other: unshard (not yet approved)",
+        ]
+    )
+    assert lock_text(project) is None
+    assert project.runpytest("readings", "--approve=05-other").ret == 1  # 04 still drifts
+    assert project.runpytest("readings", "--approve").ret == 0  # one left: that one
+    assert set(json.loads(lock_text(project) or "{}")["guides"]) == {"04-forward-prefetch", "05-other"}
+
+
+RANGED_ANCHOR = """
+[[anchors]]
+name = "limit"
+symbol = "torch.distributed.fsdp._runtime_utils:_PREFETCH_LIMIT"
+torch = "<2.15"
+"""
+
+RANGED_CLAIM = """
+[[claims]]
+id = "order"
+statement = "Prefetch follows the recorded order."
+check = "fakechecks.prefetch:forward_order"
+world_size = 2
+kwargs = { fake = "ok", expected = { expect = "order" } }
+"""
+
+RANGED_BODY = """
+```expect order [torch <2.15]
+root -> blocks.0
+```
+
+```expect order [torch >=2.15]
+root -> blocks.1
+```
+"""
+
+
+def test_items_read_the_guide_as_it_is_on_the_installed_torch(project: pytest.Pytester, installed_tree: TorchTree):
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR + RANGED_ANCHOR, claims=RANGED_CLAIM, body=RANGED_BODY))
+    assert project.runpytest("readings", "--approve=04-forward-prefetch").ret == 0
+    assert requests(project)[-1]["kwargs"]["expected"] == ["root -> blocks.0"]
+    installed_tree.set_version("2.15.0+cu132")
+    installed_tree.write(RUNTIME, installed_tree.read(RUNTIME).replace("_PREFETCH_LIMIT: int = 2\n", ""))  # removed
+    result = project.runpytest("readings", "-rs")
+    assert result.ret == 0
+    result.assert_outcomes(passed=2, skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED * anchor `limit` reads torch <2.15; this torch is 2.15.0+cu132"])
+    assert requests(project)[-1]["kwargs"]["expected"] == ["root -> blocks.1"]
+
+
+def test_approval_is_all_or_nothing_when_an_anchor_cannot_be_pinned(
+    project: pytest.Pytester, installed_tree: TorchTree
+):
+    write_guide(project, guide(anchors=PREFETCH_ANCHOR + UNSHARD_ANCHOR))
+    assert project.runpytest("readings", "--approve=04-forward-prefetch").ret == 0
+    before = lock_text(project)
+    installed_tree.edit(RUNTIME, "handle._prefetched = True", "handle._prefetched = 1")  # pinnable: code changed
+    installed_tree.edit("torch/distributed/fsdp/_flat_param.py", "def unshard(self):", "def unshard_now(self):")
+    result = project.runpytest("readings", "--approve=04-forward-prefetch")
+    assert result.ret == 1
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*anchor `prefetch` (*) not approved: code changed",
+            "  nothing of 04-forward-prefetch was recorded:",
+            "    04-forward-prefetch/unshard: removed: *has no `FlatParamHandle.unshard`",
+        ]
+    )
+    assert lock_text(project) == before  # the pinnable `prefetch` was not recorded alone

@@ -107,3 +107,21 @@ def test_a_real_leg_writes_its_reports(tmp_path: Path, capsys):
     assert data["torch"]["version"] == torch.__version__ and data["exit_code"] == 0
     assert (out / f"torch-{release}.md").read_text().startswith("## fsdp-readings: clean")
     assert f"| {torch.__version__} | 0 | 0 of " in (out / "summary.md").read_text()
+
+
+def test_releases_are_compared_as_versions(tmp_path: Path, capsys):
+    """`2.15`, `2.15.0` and the `2.15.0+cu132` a CUDA build reports are one release: one leg, one venv, no
+    reinstall, and no "the venv holds 2.15.0+cu132, not 2.15"."""
+    legs = plan(["2.15", "2.15.0", "2.14.1+cu130"], tmp_path / "venvs", [], REPO)
+    assert [(leg.release, leg.venv.name) for leg in legs] == [("2.15.0", "torch-2.15.0"), ("2.14.1", "torch-2.14.1")]
+    (leg,) = plan(["2.15"], tmp_path / "venvs", [], REPO)
+    assert commands(leg, REPO, tmp_path / "out", [], installed="2.15.0+cu132")[0][2] == "pytest"  # reused
+    assert "torch==2.15.0" in commands(leg, REPO, tmp_path / "out", [], installed=None)[1]
+    # A venv whose build step installed 2.15.0+cu132 for `2.15` is accepted, not refused as another release.
+    (leg.venv / "bin").mkdir(parents=True)
+    leg.python.write_text('#!/bin/sh\nif [ "$1" = -c ]; then echo 2.15.0+cu132; fi\nexit 0\n')
+    leg.python.chmod(0o755)
+    code = main(["upgrade-gate", "2.15", "--venvs", str(tmp_path / "venvs"), "--out", str(tmp_path / "out")])
+    printed = capsys.readouterr().out
+    assert "not 2.15" not in printed and "holds torch" not in printed
+    assert code == 0 and "| torch-2.15.0 | 0 | no report |" in printed  # the stand-in ran, wrote no report
