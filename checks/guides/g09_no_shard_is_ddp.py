@@ -237,7 +237,7 @@ def _train_side_by_side(ctx: RankContext, steps: int, lr: float) -> tuple[list[d
                 "differing": differing,
                 "max_abs_diff": float(gap.max()),
                 "argmax": int(gap.argmax()),  # in the replica's parameter order, like first["fsdp"]
-                "moved": max(float((theirs[n] - start[n]).abs().max()) for n in theirs),
+                "moved": max(float((theirs[n].detach() - start[n]).abs().max()) for n in theirs),
             }
         )
     return records, first
