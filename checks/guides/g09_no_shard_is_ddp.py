@@ -1,9 +1,10 @@
 """Checks for guide 09, NO_SHARD is DDP: what FSDP1 communicates when it does not shard, and whether training then
 matches DistributedDataParallel bit for bit.
 
-Every expected value comes from outside FSDP: all-reduce sizes from the flat-parameter layout model over the
-model's own parameter sizes, divide factors from the divide-factor model (`checks.models.divide_factors`), local
-gradients from an unwrapped replica of the same model on the same batch, and the reference training run from DDP.
+Every expected value comes from outside FSDP: flat-parameter and all-reduce sizes from the flat-parameter layout
+model (`checks.models.flat_param`, NO_SHARD's world-size padding included) over the model's own parameter sizes,
+divide factors from the divide-factor model (`checks.models.divide_factors`), local gradients from an unwrapped
+replica of the same model on the same batch, and the reference training run from DDP.
 The warnings are compared with the text the guide quotes in its expect blocks.
 """
 
@@ -23,15 +24,15 @@ from torch.distributed.fsdp import ShardingStrategy
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from checks.models.divide_factors import postdivide, predivide
-from checks.models.flat_param import FlatLayout, layout
+from checks.models.flat_param import FlatLayout, FlatParamSpec, Param, flat_param, layout
 from checks.naming import ROOT, clean
 from checks.numerics import pairwise_sums
 from checks.probes import assert_sequence, record_comm
 from checks.ranks.context import RankContext
 from checks.violation import require, require_equal
-from checks.workloads.gpt import batch, fsdp1_gpt, unit_numels, unit_of_parameter, units
+from checks.workloads.gpt import batch, fsdp1_gpt, post_backward_order, unit_numels, unit_of_parameter, units
 from checks.workloads.groups import one_rank_group
-from checks.workloads.toy import wrap_ddp
+from checks.workloads.toy import TOY_LAYERS, toy_batch, toy_model, train_step, wrap_ddp, wrap_fsdp1
 from mini_gpt import GPT, preset
 from mini_gpt.train import make_optimizer
 
@@ -55,14 +56,16 @@ def _replica(ctx: RankContext) -> GPT:
     return GPT(preset("tiny"), seed=0).to(ctx.device)
 
 
-def _layouts() -> dict[str, FlatLayout]:
-    """Each unit's flat parameter under NO_SHARD (no world-size padding), from the model's parameter sizes."""
-    return {name: layout(numels, 4, 1, sharded=False) for name, numels in unit_numels().items()}
+def _layouts(world_size: int) -> dict[str, FlatLayout]:
+    """Each unit's flat parameter under NO_SHARD, from the model's parameter sizes. With use_orig_params=True it
+    is padded to a multiple of the world size like any other strategy's (`tiny`'s units divide by 2 and 4)."""
+    return {name: layout(numels, 4, world_size, sharded=False) for name, numels in unit_numels().items()}
 
 
 def _local_flat_grads(replica: torch.nn.Module, layouts: dict[str, FlatLayout]) -> dict[str, torch.Tensor]:
-    """The replica's gradients laid out as each unit's flat gradient (registration order, alignment gaps zero)."""
-    flat = {name: torch.zeros(lay.unpadded_numel) for name, lay in layouts.items()}
+    """The replica's gradients laid out as each unit's flat gradient (registration order, alignment gaps and
+    world-size padding zero)."""
+    flat = {name: torch.zeros(lay.padded_numel) for name, lay in layouts.items()}
     placed = dict.fromkeys(layouts, 0)
     for name, param in replica.named_parameters():  # registration order, the tied head skipped
         unit = unit_of_parameter(name, layouts)
@@ -95,12 +98,12 @@ def _ratios(numerator: torch.Tensor, denominator: torch.Tensor) -> list[float]:
 # -- claim: only all-reduces, one per unit ----------------------------------------------------------------------------
 def all_reduces_only(ctx: RankContext, steps: int = 2) -> dict[str, Any]:
     """Each step (forward, backward, optimizer) issues one all-reduce per unit and nothing else, all in backward,
-    in post-backward order, each of the unit's unpadded flat-gradient length, fp32, over all ranks, from
+    in post-backward order, each of the unit's whole flat-gradient length, fp32, over all ranks, from
     `_reduce_grad_no_shard`; the first one carries the local gradient divided by the predivide factor."""
     model = _no_shard_gpt(ctx)
     optim = make_optimizer(model, LR)
-    layouts = _layouts()
-    expected_sizes = [layouts[name].unpadded_numel for name in BACKWARD_ORDER]
+    layouts = _layouts(ctx.world_size)
+    expected_sizes = [layouts[name].padded_numel for name in BACKWARD_ORDER]
     observed: dict[str, Any] = {}
     for step in range(steps):
         x, y = batch(ctx, step=step)
@@ -147,6 +150,50 @@ def _predivide_of_first_step(ctx: RankContext, inputs: list[torch.Tensor], layou
     return ratios.pop()
 
 
+# -- claim: NO_SHARD still pads for the world size -----------------------------------------------------------------
+def _toy_specs(world_size: int) -> dict[str, FlatParamSpec]:
+    """The toy's units under NO_SHARD with use_orig_params=True, by the flat-parameter model: children "0" and
+    "1" are units, and the root keeps child "2", Linear(5, 5), whose 25 + 5 elements are 33 once aligned."""
+    owners = {"0": "0", "1": "1", ROOT: "2"}
+    specs = {}
+    for unit, child in owners.items():
+        in_features, out_features = TOY_LAYERS[int(child)]
+        params = [Param(f"{child}.weight", (out_features, in_features)), Param(f"{child}.bias", (out_features,))]
+        specs[unit] = flat_param(params, world_size, use_orig_params=True, sharded=False)
+    return specs
+
+
+def _flat_param_facts(flat: Any) -> dict[str, Any]:
+    return {"numel": flat.numel(), "segments": list(flat._numels_with_padding), "padding": list(flat._is_padding_mask)}
+
+
+def no_shard_pads_for_world_size(ctx: RankContext) -> dict[str, Any]:
+    """With use_orig_params=True a NO_SHARD unit's flat parameter ends in padding to a multiple of the world size,
+    as a sharded one does, and each backward all-reduces the padded length. The toy's units (31, 41 and 33
+    elements once aligned) divide by neither 2 nor 4."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # the deprecation is its own claim's subject
+        model = wrap_fsdp1(toy_model(ctx.device), ctx, strategy="NO_SHARD", use_orig_params=True)
+    specs = _toy_specs(ctx.world_size)
+    built = {name: _flat_param_facts(unit._handle.flat_param) for name, unit in units(model).items()}
+    expected = {
+        name: {"numel": s.flat_numel, "segments": list(s.numels_with_padding), "padding": list(s.is_padding_mask)}
+        for name, s in specs.items()
+    }
+    require_equal(built, expected, reason="flat-param-padding", what="each unit's flat parameter")
+    with record_comm() as comm:
+        train_step(model, None, toy_batch(ctx))
+    order = post_backward_order(("0", "1", ROOT))
+    sizes = [c.numel for c in comm.select("all_reduce")]
+    assert_sequence(sizes, [specs[name].flat_numel for name in order], what="all-reduce lengths",
+                    reason="all-reduce-sizes")  # fmt: skip
+    return {
+        "aligned": {name: s.params_end for name, s in specs.items()},
+        "flat_numel": {name: s.flat_numel for name, s in specs.items()},
+        "all_reduces": dict(zip(order, sizes, strict=True)),
+    }
+
+
 # -- claims: training against DDP --------------------------------------------------------------------------------------
 def _train_side_by_side(ctx: RankContext, steps: int, lr: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Train the NO_SHARD model and a DDP model from the same weights on the same per-rank batches. Per step: the
@@ -190,7 +237,7 @@ def _train_side_by_side(ctx: RankContext, steps: int, lr: float) -> tuple[list[d
                 "differing": differing,
                 "max_abs_diff": float(gap.max()),
                 "argmax": int(gap.argmax()),  # in the replica's parameter order, like first["fsdp"]
-                "moved": max(float((theirs[n] - start[n]).abs().max()) for n in theirs),
+                "moved": max(float((theirs[n].detach() - start[n]).abs().max()) for n in theirs),
             }
         )
     return records, first
@@ -450,3 +497,17 @@ def divide_for_the_shard_group_only(original: Any, state: Any, *args: Any, **kwa
     state._gradient_predivide_factor = predivide(state.world_size)
     state._gradient_postdivide_factor = postdivide(state.world_size)
     return state
+
+
+def flatten_as_if_alone(original: Any, handle: Any, *args: Any, **kwargs: Any) -> Any:
+    """`FlatParamHandle._init_flat_param_and_metadata` that builds a NO_SHARD flat parameter as if its group had
+    one rank, so nothing pads it for the world size: what guide 09 once said torch does."""
+    from torch.distributed.fsdp._flat_param import HandleShardingStrategy
+
+    real = handle.world_size
+    if handle._sharding_strategy == HandleShardingStrategy.NO_SHARD:
+        handle.world_size = 1
+    try:
+        return original(handle, *args, **kwargs)
+    finally:
+        handle.world_size = real

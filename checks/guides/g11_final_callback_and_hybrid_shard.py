@@ -2,7 +2,7 @@
 how HYBRID_SHARD reduces over two groups (or, with one-rank shard groups, fails to).
 
 Expected values never come from the state being checked: the reset values are the guide's expect block (the
-values the source assigns), orders come from the model's structure (guide 08's post-forward order), shard sizes
+values the source assigns), orders come from the model's structure (guide 06's post-forward order), shard sizes
 from the flat-parameter layout model, and reference gradients and parameters from DDP on the same per-rank
 batches, laid out by `checks.workloads.gpt.grad_shards`.
 """
@@ -240,7 +240,7 @@ def _order(model: FSDP, handles: list[Any]) -> list[str]:
 
 
 def next_iter_clears_post_forward_order(ctx: RankContext, iterations: int = 2) -> dict[str, Any]:
-    """Each forward records the post-forward order (guide 08's); each backward's final callback clears it and
+    """Each forward records the post-forward order (guide 06's); each backward's final callback clears it and
     counts one iteration. The pre-forward order, recorded in iteration 1 only, is kept. All units share one
     record."""
     model = fsdp1_gpt(ctx)

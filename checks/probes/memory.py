@@ -166,7 +166,10 @@ def held_tensors(model: nn.Module, optim: torch.optim.Optimizer | None) -> Itera
     for p in parameters:
         yield "params", names.get(id(p), "?"), p
     for p in parameters:
-        yield "grads", f"{names.get(id(p), '?')}.grad", p.grad
+        # Inside FSDP a module's `_parameters` can hold plain tensors, views computed from the flat parameter (not
+        # leaves): autograd keeps no `.grad` on those unless asked, and reading it would only warn.
+        grad = p.grad if p.is_leaf or p.retains_grad else None
+        yield "grads", f"{names.get(id(p), '?')}.grad", grad
     for optimizer in _optimizers(optim):
         for param, state in optimizer.state.items():
             for key, value in state.items() if isinstance(state, dict) else ():

@@ -1,20 +1,28 @@
-"""A guide as a reader meets it in the terminal: prose as Markdown, each ``source`` block replaced by the live
+r"""A guide as a reader meets it in the terminal: prose as Markdown, each ``source`` block replaced by the live
 torch code it names (syntax-highlighted, with torch's own line numbers) and its notes pinned to their lines,
 each ``expect`` block shown as the data its claims check, and any other region (a fence kind registered
 outside the reader's core) as its Markdown source, verbatim.
 
-Small renderables composed by `render_guide`; `print_guide` is how ``fsdp-readings show`` prints them. Everything
-wraps at the console's width (prose at word boundaries, long code lines onto continuation lines under a blank
-line number), so nothing runs past the edge and nothing is cropped.
+Small renderables composed by `render_guide`; `print_guide` is how ``fsdp-readings show`` prints them. Prose and
+notes wrap at the console's width at word boundaries. A quoted line of torch that does not fit continues on rows
+marked ``↪`` in the number column, indented past the line's own indentation, so a continuation never passes for a
+line of its own. A diagram (a fenced block in the prose) is never wrapped, which would scramble its columns: a row
+wider than the console is cropped and ends in ``…``.
+
+What Markdown would misread is shown as written: a note that starts like a list item ("42. ...") stays a
+sentence, torch's reStructuredText roles (``:meth:`next_iter` ``) and spaced literals (````_handle`` 's``) keep
+their backticks. A ``|`` inside a table cell is written ``\|``, as GitHub needs it, and shown as ``|``.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
-from rich.markdown import Markdown
+from rich.markdown import CodeBlock, Markdown, MarkdownElement
 from rich.padding import Padding
 from rich.panel import Panel
 from rich.syntax import Syntax
@@ -29,6 +37,72 @@ from reader.source.patterns import find
 
 _OK_DRIFT = {"unchanged", "moved", "cosmetic"}
 _CODE_THEME = "ansi_dark"
+CONTINUED = "↪"  # in the number column: this row continues the numbered line above
+CROPPED = "…"  # the last cell of a diagram row cut at the console's edge
+_HANG = 4  # a continuation's indentation past its line's own
+
+
+# --- Markdown, shown as written ---------------------------------------------------------------------------------
+
+# A reStructuredText role as torch's docstrings write it, :meth:`next_iter`: Markdown would show `next_iter` as code
+# and drop the backticks, leaving ":meth:next_iter".
+_RST_ROLE = re.compile(r"(?<![`\w]):[a-z]+(?::[a-z]+)?:`[^`\n]+`")
+# An inline literal that reStructuredText had to space off from the letters after it (``_handle`` 's,
+# ``FlatParameter`` s): shown as code, it reads "_handle 's".
+_RST_SPACED_LITERAL = re.compile(r"(?<!`)``([^`\n]+)``(?= 's\b| s\b)")
+# The start of a line that Markdown would make a list item, a heading or a quote, inside a note's sentence.
+_BLOCK_MARKER = re.compile(r"^(\s*)(\d+)([.)])(?=\s)|^(\s*)([-+*>]|#{1,6})(?=\s)", re.MULTILINE)
+
+
+def verbatim_rst(text: str) -> str:
+    """``text`` with torch's reStructuredText markup put inside code spans that keep its backticks."""
+    text = _RST_ROLE.sub(lambda m: f"`` {m.group(0)} ``", text)
+    return _RST_SPACED_LITERAL.sub(lambda m: f"``` ``{m.group(1)}`` ```", text)
+
+
+def sentence_markdown(text: str) -> str:
+    """A note's text as Markdown that stays one paragraph: a line may start with "42." or "- " in a sentence."""
+
+    def escape(match: re.Match[str]) -> str:
+        if match.group(2) is not None:
+            return f"{match.group(1)}{match.group(2)}\\{match.group(3)}"
+        return f"{match.group(4)}\\{match.group(5)}"
+
+    return _BLOCK_MARKER.sub(escape, text)
+
+
+class CroppedCodeBlock(CodeBlock):
+    """A fenced block of the prose (a diagram, a table drawn in text) at its own line breaks: a row wider than
+    the console is cropped, ending in `CROPPED`, because wrapping it would scramble the columns."""
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        room = max(options.max_width - 2, 1)  # one cell of padding each side, as rich's own code block
+        code = str(self.text).rstrip()
+        highlighted = Syntax(code, self.lexer_name, theme=self.theme).highlight(code)
+        highlighted.rstrip()
+        rows = []
+        for row in highlighted.split("\n", allow_blank=True):
+            row.rstrip()
+            if row.cell_len > room:
+                row.truncate(room - 1)
+                row.append(CROPPED, style="dim")
+            rows.append(row)
+        yield Padding(Text("\n").join(rows), (1, 1), style="markdown.code_block", expand=False)
+
+
+class GuideMarkdown(Markdown):
+    """rich's Markdown with the guide's conventions: diagrams cropped, never wrapped (`CroppedCodeBlock`), and
+    torch's reStructuredText shown with its backticks (`verbatim_rst`). A table cell's ``\\|`` is already a
+    ``|``, in code too: markdown-it reads tables as GitHub does."""
+
+    elements: ClassVar[dict[str, type[MarkdownElement]]] = {
+        **Markdown.elements,
+        "fence": CroppedCodeBlock,
+        "code_block": CroppedCodeBlock,
+    }
+
+    def __init__(self, markup: str, **kwargs: object) -> None:
+        super().__init__(verbatim_rst(markup), **kwargs)  # type: ignore[arg-type]
 
 
 def print_guide(console: Console, guide: Guide, workspace: Workspace, *, answers: bool = False) -> None:
@@ -44,7 +118,7 @@ def render_guide(guide: Guide, workspace: Workspace, *, answers: bool = False) -
     yield _header(guide, workspace)
     for region in guide.regions:
         if isinstance(region, Prose):
-            yield Markdown(region.text)
+            yield GuideMarkdown(region.text)
         elif isinstance(region, SourceBlock):
             yield source_panel(guide, region, workspace)
         elif isinstance(region, ExpectBlock):
@@ -64,21 +138,27 @@ def _header(guide: Guide, workspace: Workspace) -> RenderableType:
 
 @dataclass(frozen=True)
 class PinnedNote:
-    """A note with where it landed: ``match.line`` is the file line its pattern starts on (what the label cites
-    and the quote marks), ``after`` the line the note is shown under (see `pin_notes`)."""
+    """A note with where it landed: ``match.line`` to ``last`` are the file lines its pattern covers (what the
+    label cites and the quote marks), ``after`` the line the note is shown under (see `pin_notes`)."""
 
     note: Note
     match: NoteMatch
     after: int
+    last: int = 0  # the last line the pattern covers; 0 when it is not pinned
 
     @property
     def pinned(self) -> bool:
         return self.match.count == 1
 
     @property
+    def lines(self) -> range:
+        return range(self.match.line, max(self.last, self.match.line) + 1) if self.pinned else range(0)
+
+    @property
     def label(self) -> str:
         if self.pinned:
-            return f"L{self.match.line} ▸"
+            first, last = self.lines[0], self.lines[-1]
+            return f"L{first} ▸" if first == last else f"L{first}–{last} ▸"
         return "not found ▸" if self.match.count == 0 else f"×{self.match.count} ▸"
 
 
@@ -99,7 +179,7 @@ def pin_notes(block_notes: Sequence[Note], found: Resolution, matches: Sequence[
     after = found.start
     for line, _, note, match, last in sorted(pinned, key=lambda p: (p[0], p[1])):
         after = min(max(after, line, last), found.end)
-        shown.append(PinnedNote(note, match, after))
+        shown.append(PinnedNote(note, match, after, last))
     return shown + lost
 
 
@@ -114,17 +194,17 @@ def source_panel(guide: Guide, block: SourceBlock, workspace: Workspace) -> Rend
     shown_notes = block.notes_for(workspace.torch_version)
     matches = workspace.resolver.notes(found, [note.pattern for note in shown_notes])
     notes = pin_notes(shown_notes, found, matches)
-    highlighted = {p.match.line for p in notes if p.pinned}
-    code = _code(found)
+    highlighted = {line for p in notes for line in p.lines}
+    code = QuotedCode.of(found, highlighted)
 
     parts: list[RenderableType] = []
-    first = found.start
+    first = shown_start(found)
     for after in sorted({p.after for p in notes if p.pinned}):
-        parts.append(_lines(code, found, first, after, highlighted))
+        parts.append(code.lines(first, after))
         parts.append(notes_table([p for p in notes if p.pinned and p.after == after]))
         first = after + 1
     if first <= found.end:
-        parts.append(_lines(code, found, first, found.end, highlighted))
+        parts.append(code.lines(first, found.end))
     lost = [p for p in notes if not p.pinned]
     if lost:
         parts.append(notes_table(lost))
@@ -132,7 +212,27 @@ def source_panel(guide: Guide, block: SourceBlock, workspace: Workspace) -> Rend
     drift = workspace.drift(guide, anchor)
     status = drift.kind.value
     style = "green" if status in _OK_DRIFT else "yellow"
-    return SourcePanel(anchor.name, found.span(), anchor.qualname or anchor.symbol, status, style, parts)
+    location = f"{found.relpath}:{shown_start(found)}-{found.end}"
+    return SourcePanel(anchor.name, location, anchor.qualname or anchor.symbol, status, style, parts)
+
+
+_BANNER_RULE = re.compile(r"^\s*#{3,}\s*$")
+_COMMENT = re.compile(r"^\s*#")
+
+
+def shown_start(found: Resolution) -> int:
+    """The first line a quote shows: the anchor's, unless it opens with a section banner (a comment boxed by rows
+    of ``#``, such as ``# INITIALIZATION #`` above ``FlatParamHandle.__init__``). The banner heads the section of
+    the file the definition opens, not the definition, though the index counts it among its comments."""
+    lines = found.text.split("\n")
+    if not lines or not _BANNER_RULE.match(lines[0]):
+        return found.start
+    for offset, line in enumerate(lines[1:], start=1):
+        if _BANNER_RULE.match(line):
+            return found.start + offset + 1 if offset + 1 < len(lines) else found.start
+        if not _COMMENT.match(line):
+            return found.start
+    return found.start
 
 
 @dataclass(frozen=True)
@@ -164,26 +264,77 @@ class SourcePanel:
         yield Panel(Group(*parts), title=title, subtitle=subtitle, border_style=self.style, title_align="left")
 
 
-def _code(found: Resolution) -> str:
-    # A resolution's text ends with one newline; given to Syntax it would show as an extra blank line numbered
-    # one past the anchor's end (where the file may well hold code).
-    return found.text.removesuffix("\n")
+@dataclass(frozen=True)
+class QuotedCode:
+    """An anchor's lines, highlighted once as a whole (so a segment that starts inside a docstring is still
+    highlighted as one), cut into the segments a panel shows between its notes."""
+
+    rows: tuple[Text, ...]  # one per file line, from ``start``
+    start: int
+    highlighted: frozenset[int]
+
+    @classmethod
+    def of(cls, found: Resolution, highlighted: set[int]) -> QuotedCode:
+        # A resolution's text ends with one newline, which is no line of the anchor.
+        code = found.text.removesuffix("\n")
+        text = Syntax(code, "python", theme=_CODE_THEME).highlight(code)
+        rows = list(text.split("\n", allow_blank=True))[: found.end - found.start + 1]
+        rows += [Text() for _ in range(found.end - found.start + 1 - len(rows))]
+        for row in rows:
+            row.rstrip()
+        return cls(tuple(rows), found.start, frozenset(highlighted))
+
+    def lines(self, first: int, last: int) -> NumberedLines:
+        return NumberedLines(self, first, last)
+
+    @property
+    def number_width(self) -> int:
+        """The numbers column is as wide in every segment: as wide as the anchor's last line number."""
+        return len(str(self.start + len(self.rows) - 1))
 
 
-def _lines(code: str, found: Resolution, first: int, last: int, highlighted: set[int]) -> Syntax:
-    """File lines ``first``..``last`` of the anchor. The whole anchor is lexed each time (so a segment that
-    starts inside a docstring is still highlighted as one), and the numbers column is as wide in every
-    segment."""
-    return Syntax(
-        code,
-        "python",
-        line_numbers=True,
-        start_line=found.start,
-        line_range=(first - found.start + 1, last - found.start + 1),
-        highlight_lines=highlighted,
-        word_wrap=True,
-        theme=_CODE_THEME,
-    )
+@dataclass(frozen=True)
+class NumberedLines:
+    """File lines ``first``..``last`` of a quote, each behind a marker (``❱`` for a line a note pins) and its
+    number. A line wider than the panel continues on rows marked `CONTINUED`, indented `_HANG` cells past the
+    line's own indentation, and breaking at a space where there is one."""
+
+    code: QuotedCode
+    first: int
+    last: int
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = self.code.number_width
+        room = max(options.max_width - width - 3, 8)  # marker (2), number, one space
+        for number in range(self.first, self.last + 1):
+            row = self.code.rows[number - self.code.start]
+            marker = Text("❱ ", style="bold red") if number in self.code.highlighted else Text("  ")
+            pieces = _wrap_code(row, room)
+            yield Text.assemble(marker, (f"{number:>{width}} ", "dim"), pieces[0])
+            for piece in pieces[1:]:
+                yield Text.assemble("  ", (f"{CONTINUED:>{width}} ", "dim"), piece)
+
+
+def _wrap_code(row: Text, room: int) -> list[Text]:
+    """``row`` cut into pieces of at most ``room`` cells: the first as it is, the rest after the line's own
+    indentation plus `_HANG`. A piece ends at a space when one is past the indentation, else mid-token."""
+    plain = row.plain
+    if len(plain) <= room:
+        return [row]
+    indent = len(plain) - len(plain.lstrip())
+    hang = min(indent + _HANG, room // 2)
+    pieces, at, limit = [], 0, room
+    while len(plain) - at > limit:
+        cut = plain.rfind(" ", at + 1, at + limit + 1)
+        if cut <= at + max(indent - at, 0):
+            cut = at + limit
+        pieces.append(row[at:cut])
+        at = cut
+        while at < len(plain) and plain[at] == " ":
+            at += 1
+        limit = room - hang
+    pieces.append(row[at:])
+    return [pieces[0], *(Text.assemble(" " * hang, piece) for piece in pieces[1:])]
 
 
 def notes_table(notes: Sequence[PinnedNote]) -> RenderableType:
@@ -192,19 +343,22 @@ def notes_table(notes: Sequence[PinnedNote]) -> RenderableType:
     table.add_column("note", ratio=1)
     for pinned in notes:
         scope = f"*(torch {pinned.note.torch})* " if pinned.note.torch is not None else ""
-        table.add_row(pinned.label, Markdown(scope + pinned.note.text))
+        table.add_row(pinned.label, GuideMarkdown(scope + sentence_markdown(pinned.note.text)))
     return Padding(table, (0, 0, 0, 2))
 
 
 def expect_panel(guide: Guide, block: ExpectBlock) -> RenderableType:
+    """The block's items, one per row as written: a row wider than the panel (a diagram's, guide 12's layout) is
+    cropped and ends in `CROPPED`, never wrapped into the row below."""
     users = [c.id for c in guide.claims for v in c.kwargs.values() if block_reference(v) == block.name]
     checked = f"checked by claim {', '.join(users)}" if users else "not used by any claim"
-    return Panel(Text("\n".join(block.items)), title=f"expected: {block.name}", subtitle=checked, title_align="left")
+    items = Text("\n".join(block.items), no_wrap=True, overflow="ellipsis")
+    return Panel(items, title=f"expected: {block.name}", subtitle=checked, title_align="left")
 
 
 def predict_panel(question: PredictQuestion, *, answers: bool = False) -> RenderableType:
     """The question (and its choices, lettered); the answer and why only when asked for."""
-    parts: list[RenderableType] = [Markdown(question.question)]
+    parts: list[RenderableType] = [GuideMarkdown(question.question)]
     parts += [Text(f"  {chr(ord('a') + i)}) {choice}") for i, choice in enumerate(question.choices)]
     if answers:
         shown = ", ".join(question.answer) if question.kind == "order" else str(question.answer)

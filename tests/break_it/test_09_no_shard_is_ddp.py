@@ -6,6 +6,7 @@ from checks.breakit.patches import replacing, skipping, wrapping
 from checks.guides.g09_no_shard_is_ddp import (
     REDUCER,
     divide_for_the_shard_group_only,
+    flatten_as_if_alone,
     init_core_state_silently,
     init_core_state_with_user_warnings,
     init_core_state_without_clamp,
@@ -17,11 +18,13 @@ from checks.guides.g09_no_shard_is_ddp import (
 
 RU = "torch.distributed.fsdp._runtime_utils"
 IU = "torch.distributed.fsdp._init_utils"
+FP = "torch.distributed.fsdp._flat_param"
 NO_DIVIDE = skipping(f"{RU}:_div_if_needed")
 NO_ALL_REDUCE = wrapping(REDUCER, reduce_without_all_reduce)
 ALL_REDUCE_TWICE = wrapping(REDUCER, reduce_with_all_reduce_twice)
 SHARDED_HANDLE = replacing(f"{IU}:SHARDING_STRATEGY_MAP", map_no_shard_to, strategy="FULL_SHARD")
 SIZES = [16020, 16020, 16020, 3528]
+UNPADDED_NO_SHARD = wrapping(f"{FP}:FlatParamHandle._init_flat_param_and_metadata", flatten_as_if_alone)
 
 
 # -- all-reduces-only ------------------------------------------------------------------------------------------
@@ -61,6 +64,35 @@ def test_an_undivided_gradient_is_caught_on_4_ranks(broken) -> None:
 def test_a_sharded_handle_is_caught_on_4_ranks(broken) -> None:
     run = broken(SHARDED_HANDLE)
     assert run.reason == "not-only-all-reduce" and "reduce_scatter" in run.details["counts"]
+
+
+# -- no-shard-pads-for-world-size ------------------------------------------------------------------------------
+@pytest.mark.breaks("09-no-shard-is-ddp", "no-shard-pads-for-world-size")
+def test_a_no_shard_flat_parameter_left_unpadded_is_caught(broken) -> None:
+    """What guide 09 used to say: under NO_SHARD nothing pads for the world size. The toy's units (31, 41 and 33
+    elements once aligned) then keep their aligned lengths."""
+    run = broken(UNPADDED_NO_SHARD)
+    assert run.reason == "flat-param-padding"
+    observed, expected = run.details["observed"], run.details["expected"]
+    assert [observed[u]["numel"] for u in ("0", "1", "root")] == [31, 41, 33]
+    assert [expected[u]["numel"] for u in ("0", "1", "root")] == [32, 42, 34]
+    assert observed["root"]["padding"] == [False, True, False]  # alignment padding only, no tail
+
+
+@pytest.mark.breaks("09-no-shard-is-ddp", "no-shard-pads-for-world-size")
+def test_a_sharded_handle_under_no_shard_holds_a_shard(broken) -> None:
+    # A sharded handle pads the same way, then keeps only this rank's half of the padded flat parameter.
+    run = broken(SHARDED_HANDLE)
+    assert run.reason == "flat-param-padding"
+    assert [run.details["observed"][u]["numel"] for u in ("0", "1", "root")] == [16, 21, 17]
+
+
+@pytest.mark.breaks("09-no-shard-is-ddp", "no-shard-pads-for-world-size-at-4")
+def test_an_unpadded_no_shard_flat_parameter_is_caught_on_4_ranks(broken) -> None:
+    run = broken(UNPADDED_NO_SHARD)
+    assert run.reason == "flat-param-padding"
+    assert [run.details["expected"][u]["numel"] for u in ("0", "1", "root")] == [32, 44, 36]
+    assert [run.details["observed"][u]["numel"] for u in ("0", "1", "root")] == [31, 41, 33]
 
 
 # -- matches-ddp-bitwise -----------------------------------------------------------------------------------------

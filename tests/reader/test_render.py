@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import re
 from pathlib import Path
 
@@ -134,7 +135,10 @@ note "no_such_call()": lost.
     assert "not found ▸  lost." in notes[-1]
 
 
-def test_long_code_lines_wrap_under_a_blank_line_number(tmp_path: Path) -> None:
+def test_long_code_lines_continue_on_marked_rows_past_their_indentation(tmp_path: Path) -> None:
+    """A quoted line too wide for the panel continues on rows marked ``↪`` in the number column, indented past
+    the line's own indentation. They once continued under a blank number at the panel's left edge, where a
+    continuation read as a line of its own with no number, dedented out of its block."""
     tree = make_tree(tmp_path / "site")
     long_call = "_unshard(state, handle, state._unshard_stream, state._pre_unshard_stream)"
     tree.edit(RUNTIME, long_call, long_call.replace(")", ", " + ", ".join(f"extra_{i}" for i in range(12)) + ")"))
@@ -143,10 +147,17 @@ def test_long_code_lines_wrap_under_a_blank_line_number(tmp_path: Path) -> None:
     lines = out.splitlines()
     assert max(len(line) for line in lines) <= 60
     at = next(i for i, line in enumerate(lines) if "_unshard(state, handle," in line)
-    continued = [line for line in lines[at + 1 :] if re.match(r"│ {6,}\S", line)][:3]
+    numbered = re.match(r"│ (?:❱ |  )( *\d+) ( *)_unshard", lines[at])
+    assert numbered is not None
+    continued = list(itertools.takewhile(lambda line: "↪" in line, lines[at + 1 :]))
+    assert continued, lines[at : at + 3]
+    for row in continued:  # the marker where the number would be, the code past the line's indentation
+        marked = re.match(r"│   ( *)↪ ( *)\S", row)
+        assert marked is not None and len(marked.group(1)) + 1 == len(numbered.group(1)), row
+        assert len(marked.group(2)) == len(numbered.group(2)) + 4, row
     shown = " ".join([lines[at], *continued])
     assert all(f"extra_{i}," in shown for i in range(11)) and "extra_11)" in shown  # wrapped, not cropped
-    assert "extra_11)" not in lines[at] and re.match(r"│ {6,}\S", lines[at + 1])  # continuations: no number
+    assert "extra_11)" not in lines[at]
     assert _numbers(out) == list(range(_line_of(tree, "# Prefetch is"), _line_of(tree, "handle._prefetched") + 1))
 
 
