@@ -235,7 +235,7 @@ def issue_order(ctx: RankContext, workload: str, expected: list[str], options: d
     for i in range(1, iterations + 1):
         ready = [(e.seq, int(e.target or -1)) for e in trace.ready.select("post_backward", iteration=i)]
         buckets = trace.after[i - 1]
-        reduces = trace.bucket_reduces(i)[: len(buckets)]
+        reduces = [c for c in trace.bucket_reduces(i) if c.dtype != "torch.int32"]  # not a used-parameter map
         for k, reduce in enumerate(reduces):
             before = sorted(index for seq, index in ready if seq < reduce.seq)
             require_equal(before, sorted(_flat(buckets[: k + 1])), reason="not-issued-when-bucket-ready",
@@ -248,10 +248,11 @@ def issue_order(ctx: RankContext, workload: str, expected: list[str], options: d
         else:
             lines.append(f"iteration {i}: {len(buckets)} all-reduces, bucket 0's with {still} of {len(ready)} "
                          "gradients to come")  # fmt: skip
-    rebuild_at = db.rebuild_iteration(_options(options))
-    if rebuild_at is not None and rebuild_at > 1:
+    rebuild_at = db.rebuild_iteration(_options(options))  # None: the caps apply from iteration 1
+    if rebuild_at is not None:
         require(to_come[0] == 0, "overlap-in-iteration-1", f"bucket 0 was all-reduced with {to_come[0]} gradients "
                 "still to come in iteration 1, where DDP has one bucket", observed=to_come[0])  # fmt: skip
+    # From the rebuild on the claim's model (larger than the first bucket) must overlap.
     late = [i for i in range(rebuild_at or 1, iterations + 1) if to_come[i - 1] == 0]
     require(not late, "no-overlap", f"iterations {late}: nothing was all-reduced before the last gradient",
             iterations=late, to_come=to_come)  # fmt: skip
@@ -273,7 +274,7 @@ def no_sync_accumulates(ctx: RankContext, micro_steps: int = 3, rounds: int = 2,
     no micro-step inside it all-reduces; the last one all-reduces one bucket each, and leaves every rank the mean
     over ranks of its accumulated local gradients (an unwrapped replica's, gathered), exactly: at N=2 the one fp32
     value, at N=4 one of the pairwise summation orders. The rebuild's broadcasts, due after round 1, come in the
-    first forward of round 2, inside ``no_sync``."""
+    first forward of round 2, inside ``no_sync``, and no other micro-step broadcasts."""
     ddp = _ddp(ctx, "tiny", bucket_cap_mb=bucket_cap_mb)
     replica = _model(ctx, "tiny")
     optim = torch.optim.AdamW(ddp.parameters(), lr=LR)
@@ -300,7 +301,11 @@ def no_sync_accumulates(ctx: RankContext, micro_steps: int = 3, rounds: int = 2,
         require_equal(synced_reduces, expected_reduces, reason="synced-step-all-reduces",
                       what=f"round {r + 1}: the synced micro-step's all-reduces (elements)", round=r + 1)  # fmt: skip
         _require_mean_of_local(ctx, ddp, replica, r + 1)
-        broadcasts = [n for micro in collectives for op, n in micro if op == "broadcast"]
+        broadcasts = [[n for op, n in micro if op == "broadcast"] for micro in collectives]
+        # The rebuild is due once round 1's synced backward recorded the ready order: round 2's first forward.
+        rebuild = [len(_params(ddp)) + 1, len(buckets)] if r == 1 else []
+        require_equal(broadcasts, [rebuild] + [[]] * (micro_steps - 1), reason="rebuild-broadcasts",
+                      what=f"round {r + 1}: broadcasts per micro-step (elements)", round=r + 1)  # fmt: skip
         report.append({"collectives": collectives, "buckets": len(buckets), "broadcasts": broadcasts})
         optim.step()
     return {"rounds": report, "inside_no_sync": [[m for m in rnd["collectives"][:-1]] for rnd in report]}

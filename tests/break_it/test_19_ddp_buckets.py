@@ -276,6 +276,12 @@ def test_accumulated_gradients_dropped_are_caught(broken) -> None:
     assert run.details["observed"] > 0
 
 
+@pytest.mark.breaks("19-ddp-buckets", "no-sync-accumulates")
+def test_a_broadcast_in_every_micro_step_is_caught(broken) -> None:
+    run = broken(EXTRA_BROADCAST)
+    assert (run.reason, run.details["round"], run.details["observed"]) == ("rebuild-broadcasts", 1, [[1], [1], [1]])
+
+
 @pytest.mark.breaks("19-ddp-buckets", "no-sync-accumulates-at-4")
 def test_accumulated_gradients_dropped_are_caught_at_4(broken) -> None:
     assert broken(DROPPING_NO_SYNC).reason == "not-the-whole-batch-gradient"
