@@ -221,12 +221,12 @@ def _flat(buckets: list[list[int]]) -> list[int]:
 
 
 # -- claims: when each all-reduce is issued -----------------------------------------------------------------------
-def issue_order(ctx: RankContext, workload: str, expected: list[str], options: dict[str, Any] | None = None,
-                iterations: int = 3) -> dict[str, Any]:  # fmt: skip
+def issue_order(ctx: RankContext, workload: str, expected: list[str], ends: list[str] | None = None, *,
+                options: dict[str, Any] | None = None, iterations: int = 3) -> dict[str, Any]:  # fmt: skip
     """Each bucket's all-reduce is issued as soon as its last gradient is ready: the gradients ready before
     bucket k's all-reduce are exactly buckets 0..k's. So with two buckets or more, bucket 0's all-reduce comes
     before the last gradient of the step; with one (iteration 1 by default), after all of them. ``expected``:
-    the guide's lines, one per iteration."""
+    the guide's lines, one per iteration; ``ends``: its first and last gradient to be ready."""
     options = options or {}
     ddp = _ddp(ctx, workload, **options)
     trace = run_iterations(ddp, ctx, workload, iterations)
@@ -257,13 +257,17 @@ def issue_order(ctx: RankContext, workload: str, expected: list[str], options: d
     require(not late, "no-overlap", f"iterations {late}: nothing was all-reduced before the last gradient",
             iterations=late, to_come=to_come)  # fmt: skip
     require_equal(lines, expected, reason="issue-order-differs-from-guide", what="the issue order per iteration")
+    order = ready_order(trace.ready, iterations)
+    first_and_last = [f"first ready: {names[order[0]]}", f"last ready: {names[order[-1]]}"]
+    if ends is not None:
+        require_equal(first_and_last, ends, reason="ready-ends-differ-from-guide", what="the first and last gradient")
     final = trace.after[-1]
     return {
         "lines": lines,
         "to_come": to_come,
         "first_bucket": [names[i] for i in final[0]],
         "last_bucket": [names[i] for i in final[-1]],
-        "last_ready": names[ready_order(trace.ready, iterations)[-1]],
+        "ready_ends": first_and_last,
     }
 
 

@@ -248,6 +248,14 @@ def test_the_guides_issue_order_is_checked(broken) -> None:
     assert run.reason == "issue-order-differs-from-guide"
 
 
+@pytest.mark.breaks("19-ddp-buckets", "overlap-from-iteration-2")
+def test_the_guides_first_and_last_gradients_are_checked(broken) -> None:
+    # A guess that forgets the tie: the head's weight ready first.
+    run = broken(ends=["first ready: lm_head.weight", "last ready: tok_emb.weight"])
+    assert run.reason == "ready-ends-differ-from-guide"
+    assert run.details["observed"] == ["first ready: ln_f.weight", "last ready: tok_emb.weight"]
+
+
 @pytest.mark.breaks("19-ddp-buckets", "overlap-from-iteration-2-at-4")
 def test_one_bucket_after_the_rebuild_does_not_overlap_at_4(broken) -> None:
     assert broken(NO_LIMIT_EVER).reason == "no-overlap"
