@@ -22,10 +22,11 @@ per rank, group size and ranks, the Python API the caller used (outermost frame 
 outside torch's collective plumbing, e.g.
 ``torch.distributed.fsdp._flat_param:FlatParamHandle._all_gather_flat_param``), whether it was issued inside
 backward, asynchronously, or by an object collective (``all_gather_object`` and friends, marked
-``object_collective``). Async work handles are recorded when issued; waits are not recorded. When the check is
-captured (`checks.probes.capture`), ``source`` is the line the calling function is executing (the call in
-progress, ``torch/distributed/fsdp/_flat_param.py:<line>``); a collective C++ issued (DDP's buckets) names the
-Python frame that was running then, typically the autograd engine's ``run_backward`` call.
+``object_collective``), and the data pointer of each payload tensor's storage (``storages``). Async work handles
+are recorded when issued; waits are not recorded. When the check is captured (`checks.probes.capture`),
+``source`` is the line the calling function is executing (the call in progress,
+``torch/distributed/fsdp/_flat_param.py:<line>``); a collective C++ issued (DDP's buckets) names the Python frame
+that was running then, typically the autograd engine's ``run_backward`` call.
 
 A collective issued inside another collective's kernel (a functional collective's own c10d call) is not recorded
 again: the outer operator is the record, as it was for the dispatch mode this replaced.
@@ -100,6 +101,9 @@ class Collective:
     rank: int = -1
     seq: int = 0
     source: str = ""  # captured checks only: the caller's line, "torch/distributed/fsdp/_flat_param.py:1390"
+    # The data pointer of each payload tensor's storage (this rank's addresses: left out of `key`), so a check can
+    # tell which tensors a collective moved, e.g. that DDP all-reduces the very storage its gradients view.
+    storages: tuple[int, ...] = ()
 
     def key(self) -> tuple[Any, ...]:
         return (
@@ -228,6 +232,7 @@ class _Recorder:
                 rank=self.log.rank,
                 seq=clock.tick(),
                 source=capture.where(frame) if frame is not None and capture.active() else "",
+                storages=tuple(_storage(t) for t in payload.tensors),
             )
         )
 
@@ -240,6 +245,14 @@ class _Recorder:
         if cached is None:
             cached = self._groups[key] = (group, _group(group))
         return cached[1]
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    """The data pointer of ``tensor``'s storage; 0 for a tensor without one (a meta or fake tensor)."""
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return 0
 
 
 def _group(group: Any) -> tuple[int, tuple[int, ...], str]:

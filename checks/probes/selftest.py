@@ -430,3 +430,17 @@ def probe_block_costs(ctx: RankContext, repeats: int = 20) -> dict[str, float]:
             best = min(best, time.perf_counter() - started)
         out[name] = best
     return out
+
+
+# -- the gradient-ready recorder and the storages of collectives (DDP) -----------------------------------------------
+def ddp_grad_ready(ctx: RankContext, steps: int = 2, bucket_cap_mb: float | None = None) -> dict[str, Any]:
+    """The toy under DDP for ``steps`` steps inside `record_grad_ready` and `record_comm`, with
+    ``gradient_as_bucket_view``: the log, the collectives, and each gradient's storage pointer after the last step."""
+    from checks.probes.grad_ready import record_grad_ready
+
+    model = toy.wrap_ddp(toy.toy_model(ctx.device), ctx, gradient_as_bucket_view=True, bucket_cap_mb=bucket_cap_mb)
+    with record_grad_ready(model) as ready, record_comm() as comm:
+        for i in range(steps):
+            model(toy.toy_batch(ctx, step=i)).sum().backward()
+    grads = [p.grad.untyped_storage().data_ptr() for p in model.parameters()]
+    return {"ready": ready, "comm": comm, "grad_storages": grads}
