@@ -19,6 +19,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import ShardingStrategy
 from torch.distributed.fsdp import _runtime_utils as ru
 
+from checks.guides.g08_post_backward_reduce_scatter import collectives_by_unit
 from checks.models.flat_param import FlatParamSpec, Param, flat_param
 from checks.models.prefetch import backward_sequence
 from checks.naming import ROOT, clean
@@ -105,10 +106,6 @@ def _step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[CommLog, 
     with record_comm() as comm, record_events(model) as events:
         model(x, y)[1].backward()
     return comm, events
-
-
-def _sizes(comm: CommLog, op: str, in_backward: bool) -> list[int]:
-    return [c.numel for c in comm.select(op) if c.in_backward == in_backward]
 
 
 # -- 1. FULL_SHARD inside no_sync --------------------------------------------------------------------------------
@@ -214,30 +211,31 @@ def full_shard_no_sync_frees_params(ctx: RankContext) -> dict[str, Any]:
 
 def no_sync_reduces_nothing(ctx: RankContext) -> dict[str, Any]:
     """A FULL_SHARD step inside ``no_sync`` all-gathers exactly as a synced one (every unit in forward, every unit
-    but the root again in backward) and issues no reduce-scatter and no all-reduce; the synced step after it adds
-    one reduce-scatter per unit."""
+    but the root again in backward, in the order the units run) and issues no reduce-scatter and no all-reduce;
+    the synced step after it adds one reduce-scatter per unit, in post-backward order. Each collective is named
+    by its unit (`collectives_by_unit`): the three blocks have one size, so sizes alone would not show the order."""
     model = fsdp1_gpt(ctx)
     sizes = padded_sizes(ctx.world_size, element_bytes=4)
     backward_units = [u for u in reversed(POST_FORWARD) if u != ROOT]  # the root was kept after forward (03)
-    gathers = {"forward": list(sizes.values()), "backward": [sizes[u] for u in backward_units]}
     post_order = [line.split()[1] for line in backward_sequence(POST_FORWARD, None) if line.startswith("post")]
+    gathers = {"forward": list(sizes), "backward": backward_units}
     observed: dict[str, dict[str, Any]] = {}
     for label, step in (("no_sync", 0), ("sync", 1)):
         if label == "no_sync":
             with model.no_sync():
-                comm, _ = _step(model, *batch(ctx, step=step))
+                comm, events = _step(model, *batch(ctx, step=step))
         else:
-            comm, _ = _step(model, *batch(ctx, step=step))
+            comm, events = _step(model, *batch(ctx, step=step))
         seen = {
-            "forward_all_gather": _sizes(comm, "all_gather", False),
-            "backward_all_gather": _sizes(comm, "all_gather", True),
-            "reduce_scatter": [c.numel for c in comm.select("reduce_scatter")],
+            "forward_all_gather": collectives_by_unit(comm, events, "all_gather", in_backward=False),
+            "backward_all_gather": collectives_by_unit(comm, events, "all_gather", in_backward=True),
+            "reduce_scatter": collectives_by_unit(comm, events, "reduce_scatter"),
             "all_reduce": [c.numel for c in comm.select("all_reduce")],
         }
         want = {
-            "forward_all_gather": gathers["forward"],
-            "backward_all_gather": gathers["backward"],
-            "reduce_scatter": [] if label == "no_sync" else [sizes[u] for u in post_order],
+            "forward_all_gather": [f"{u} {sizes[u]}" for u in gathers["forward"]],
+            "backward_all_gather": [f"{u} {sizes[u]}" for u in gathers["backward"]],
+            "reduce_scatter": [] if label == "no_sync" else [f"{u} {sizes[u]}" for u in post_order],
             "all_reduce": [],
         }
         for key, sizes_seen in seen.items():

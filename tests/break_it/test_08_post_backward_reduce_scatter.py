@@ -9,7 +9,9 @@ from checks.guides.g08_post_backward_reduce_scatter import (
     keep_reduced_dtype,
     overwrite_instead_of_accumulate,
     pad_a_chunk_more,
+    pad_with_ones,
     reduce_deferred,
+    reduce_first_two_swapped,
     reduce_in_fp32,
     reduce_scatter_twice,
     sum_not_mean,
@@ -26,7 +28,17 @@ NO_REDUCE_SCATTER = skipping(f"{C10D}:reduce_scatter_single")
 def test_a_doubled_reduce_scatter_is_caught(broken) -> None:
     run = broken(wrapping(f"{C10D}:reduce_scatter_single", reduce_scatter_twice))
     assert run.reason == "reduce-scatters"
-    assert run.details["observed"] == [16020, 16020, 16020, 16020, 16020, 16020, 3528, 3528]
+    assert [entry.split()[1] for entry in run.details["observed"]] == ["16020"] * 6 + ["3528"] * 2
+    assert run.details["observed"][:2] == ["blocks.2 16020", "blocks.2 16020"]
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "one-reduce-scatter-per-unit")
+def test_two_blocks_reduced_in_swapped_order_are_caught(broken) -> None:
+    """The old check compared only sizes, and the three blocks are 16,020 elements each: blocks.1 reduced before
+    blocks.2 gave it the same list and passed. Attributed to their units, the reduce-scatters differ at the first."""
+    run = broken(wrapping(f"{RU}:_reduce_grad", reduce_first_two_swapped))
+    assert (run.reason, run.details["first"]) == ("reduce-scatters", 0)
+    assert run.details["observed"][:2] == ["blocks.1 16020", "blocks.2 16020"]
 
 
 @pytest.mark.breaks("08-post-backward-reduce-scatter", "one-reduce-scatter-per-unit")
@@ -48,6 +60,14 @@ def test_padding_beyond_a_multiple_of_n_is_caught(broken) -> None:
     run = broken(wrapping(f"{RU}:_get_reduce_scatter_tensors", pad_a_chunk_more))
     assert run.reason is None and run.error_types == {"builtins.RuntimeError"}
     assert all("the gradient and the tensor are the same size" in r.message for r in run.failed)
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "toy-reduce-scatter-pads-at-4")
+def test_padding_with_ones_is_caught(broken) -> None:
+    """The old check compared only lengths (32 in, 8 per rank), which padding with ones keeps: it passed. The
+    reduce-scatter's input, read where torch hands it over, holds the 1s, halved by the pre-divide."""
+    run = broken(wrapping(f"{RU}:_get_reduce_scatter_tensors", pad_with_ones))
+    assert (run.reason, run.details["unit"], run.details["padding"]) == ("padding-not-zero", "root", [0.5, 0.5])
 
 
 @pytest.mark.breaks("08-post-backward-reduce-scatter", "reduce-scatter-in-post-backward")
@@ -102,6 +122,15 @@ def test_a_predivide_of_one_is_caught(broken) -> None:
     run = broken(returning(PREDIVIDE, 1.0))
     assert run.reason == "divide-factors"
     assert (run.details["observed"], run.details["expected"]) == ({"pre": 1.0, "post": 2.0}, {"pre": 2.0, "post": 1.0})
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "divide-factors")
+def test_a_division_that_never_happens_is_caught(broken) -> None:
+    """The old check read the factors FSDP stores on each unit, and `_div_if_needed` doing nothing leaves them
+    (2, 1): it passed. Observed on the data, the reduce-scatter's input is the gradient undivided."""
+    run = broken(wrapping(f"{RU}:_div_if_needed", sum_not_mean))
+    assert run.reason == "divide-factors"
+    assert (run.details["observed"], run.details["expected"]) == ({"pre": 1.0, "post": 1.0}, {"pre": 2.0, "post": 1.0})
 
 
 @pytest.mark.breaks("08-post-backward-reduce-scatter", "divide-factors-at-4")
