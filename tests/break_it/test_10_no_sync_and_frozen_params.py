@@ -10,8 +10,10 @@ from checks.guides.g08_post_backward_reduce_scatter import reduce_first_two_swap
 from checks.guides.g10_no_sync_and_frozen_params import (
     catch_all_freeing_silently,
     forget_unsharded_grad,
+    frozen_gets_grad_views,
     hold_reshard_only,
     reduce_anyway,
+    zero_frozen_gradients,
 )
 
 GUIDE = "10-no-sync-and-frozen-params"
@@ -172,3 +174,17 @@ def test_a_frozen_root_resharded_without_freeing_is_caught(broken) -> None:
     run = broken(returning(f"{RU}:_should_free_in_backward", False))
     assert run.reason == "frozen-timing"
     assert run.details["observed"][-2:] == ["final_callback root", "reshard root"]
+
+
+@pytest.mark.breaks("10-no-sync-and-frozen-params", "frozen-parameter-gets-no-grad")
+def test_a_frozen_parameter_given_a_gradient_is_caught(broken) -> None:
+    run = broken(wrapping(f"{FP}:FlatParamHandle._use_sharded_grad_views", frozen_gets_grad_views))
+    assert run.reason == "frozen-has-grad"
+    assert run.details["observed"][0] == "after backward 1"
+
+
+@pytest.mark.breaks("10-no-sync-and-frozen-params", "frozen-parameter-gets-no-grad")
+def test_a_frozen_parameters_gradient_left_uncomputed_is_caught(broken) -> None:
+    # Zeroing the frozen region changes no parameter (nobody reads it): only the flat gradient shows it.
+    run = broken(wrapping(f"{RU}:_reduce_grad", zero_frozen_gradients))
+    assert run.reason == "flat-grad-differs"
