@@ -5,8 +5,11 @@ import pytest
 
 from checks.breakit.patches import returning, skipping, wrapping
 from checks.guides.g08_post_backward_reduce_scatter import (
+    clip_twice_on_rank_1,
+    clip_without_all_reduce,
     defer_reduction,
     keep_reduced_dtype,
+    local_total_norm,
     overwrite_instead_of_accumulate,
     pad_a_chunk_more,
     pad_with_ones,
@@ -22,6 +25,10 @@ RU = "torch.distributed.fsdp._runtime_utils"
 C10D = "torch.distributed.distributed_c10d"
 PREDIVIDE = "torch.distributed.algorithms._comm_hooks.default_hooks:DefaultState._get_gradient_predivide_factor"
 NO_REDUCE_SCATTER = skipping(f"{C10D}:reduce_scatter_single")
+FSDP1_CLIP = "torch.distributed.fsdp.fully_sharded_data_parallel:FullyShardedDataParallel.clip_grad_norm_"
+CLIP = "torch.nn.utils.clip_grad"
+LOCAL_CLIP = wrapping(FSDP1_CLIP, clip_without_all_reduce)
+LOCAL_NORM = wrapping(f"{CLIP}:_get_total_norm", local_total_norm)
 
 
 @pytest.mark.breaks("08-post-backward-reduce-scatter", "one-reduce-scatter-per-unit")
@@ -159,3 +166,44 @@ def test_a_gradient_left_in_bf16_is_caught(broken) -> None:
     run = broken(wrapping(f"{RU}:_cast_grad_to_param_dtype", keep_reduced_dtype))
     assert run.reason is None and run.error_types == {"builtins.RuntimeError"}
     assert all("attempting to assign a gradient with dtype 'c10::BFloat16'" in r.message for r in run.failed)
+
+
+# -- clip_grad_norm_ -------------------------------------------------------------------------------------------------
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "fsdp1-clip-grad-norm")
+def test_a_clip_by_each_ranks_own_norm_is_caught(broken) -> None:
+    run = broken(LOCAL_CLIP)
+    assert run.reason == "norm-differs"
+    assert run.details["observed"] < run.details["expected"]  # one shard's norm, not the whole model's
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "fsdp1-clip-grad-norm")
+def test_a_shard_scaled_twice_is_caught(broken) -> None:
+    run = broken(wrapping(FSDP1_CLIP, clip_twice_on_rank_1))
+    assert (run.reason, run.details["failed_rank"], run.details["rank"]) == ("not-one-factor", 1, 1)
+    assert run.details["observed"]  # the parameters with elements on rank 1, scaled twice
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "fsdp1-clip-grad-norm-at-4")
+def test_a_clip_by_each_ranks_own_norm_is_caught_on_4_ranks(broken) -> None:
+    run = broken(LOCAL_CLIP)
+    assert run.reason == "norm-differs"
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "fsdp2-clip-grad-norm")
+def test_a_dtensor_norm_of_local_shards_is_caught(broken) -> None:
+    run = broken(LOCAL_NORM)
+    assert run.reason == "norm-differs"
+    assert run.details["observed"] < run.details["expected"]
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "fsdp2-clip-grad-norm")
+def test_gradients_left_unscaled_are_caught(broken) -> None:
+    run = broken(skipping(f"{CLIP}:_clip_grads_with_norm_"))
+    assert run.reason == "not-one-factor"
+    assert len(run.details["observed"]) == 40  # every parameter of mini_gpt tiny
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "fsdp2-clip-grad-norm-at-4")
+def test_a_dtensor_norm_of_local_shards_is_caught_on_4_ranks(broken) -> None:
+    run = broken(LOCAL_NORM)
+    assert run.reason == "norm-differs"
