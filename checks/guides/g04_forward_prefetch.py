@@ -258,8 +258,9 @@ def _backward_of_iteration_2(ctx: RankContext, forward_prefetch: bool) -> dict[s
             model(x, y)[1].backward()
     points = [(m.replace("backward ", "post-backward ", 1), b["unsharded"])
               for m, b in recorder.series.points if not m.startswith("forward ")]  # fmt: skip
-    hooks = [e.describe() for e in events if e.kind in ("pre_backward", "post_backward", "prefetch")
-             and e.state != "FORWARD"]  # fmt: skip  (forward's own prefetches are follows-iteration-1-order's)
+    hooks = [
+        e.describe() for e in events if e.kind in ("pre_backward", "post_backward", "prefetch") and e.state != "FORWARD"
+    ]  # fmt: skip  (forward's own prefetches are follows-iteration-1-order's)
     return {"created": [label for label, _ in sorted(created, key=lambda c: c[1])], "hooks": hooks, "points": points}
 
 

@@ -124,9 +124,13 @@ def collectives_by_unit(comm: CommLog, events: EventLog, op: str, in_backward: b
         if in_backward is not None and c.in_backward != in_backward:
             continue
         before = [e for e in issuers if e.seq < c.seq]
-        unit = "?" if not before else (before[-1].target or "?") if before[-1].kind == "prefetch" else before[-1].unit
-        out.append(f"{unit} {c.numel}")
+        out.append(f"{_unit_served(before[-1]) if before else '?'} {c.numel}")
     return out
+
+
+def _unit_served(event: Any) -> str:
+    """The unit an issuing event works for: a prefetch's target, otherwise the event's own unit."""
+    return (event.target or "?") if event.kind == "prefetch" else event.unit
 
 
 @dataclass

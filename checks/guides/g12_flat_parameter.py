@@ -158,12 +158,18 @@ def expected_flat(spec: FlatParamSpec, replica: nn.Module) -> torch.Tensor:
     """The padded unsharded flat parameter the spec lays out, filled from the replica's parameters: each parameter
     flattened at its offset, alignment and world-size padding 42 (inside the flat parameter), and the padding
     sharding adds beyond it (``use_orig_params=False``) 0, as `_get_shard`'s ``F.pad`` leaves it."""
+    return laid_out(spec, {fqn: _tensor_at(replica, fqn) for fqn in spec.fqns}, PADDING_VALUE)
+
+
+def laid_out(spec: FlatParamSpec, values: dict[str, torch.Tensor], padding: float) -> torch.Tensor:
+    """Per-parameter ``values`` (by fqn) in the spec's padded unsharded layout: ``padding`` in every padding segment
+    of the flat parameter, zeros past it."""
     pieces, index = [], 0
     for numel, pad in zip(spec.numels_with_padding, spec.is_padding_mask, strict=True):
         if pad:
-            pieces.append(torch.full((numel,), PADDING_VALUE))
+            pieces.append(torch.full((numel,), padding))
         else:
-            pieces.append(_tensor_at(replica, spec.fqns[index]).detach().float().cpu().reshape(-1))
+            pieces.append(values[spec.fqns[index]].detach().float().cpu().reshape(-1))
             index += 1
     flat = torch.cat(pieces) if pieces else torch.zeros(0)
     whole = spec.padded_unsharded_numel if spec.padded_unsharded_numel is not None else spec.flat_numel
@@ -462,20 +468,6 @@ def _shifted(spec: FlatParamSpec, replica: nn.Module, by: float) -> nn.Module:
     return replica
 
 
-def _laid_out(spec: FlatParamSpec, values: dict[str, torch.Tensor], padding: float) -> torch.Tensor:
-    """The padded unsharded flat layout of per-parameter ``values`` (by fqn), ``padding`` in every padding segment
-    and zeros past the built flat parameter, as `expected_flat` lays out parameters."""
-    pieces, index = [], 0
-    for numel, pad in zip(spec.numels_with_padding, spec.is_padding_mask, strict=True):
-        if pad:
-            pieces.append(torch.full((numel,), padding))
-        else:
-            pieces.append(values[spec.fqns[index]].detach().float().cpu().reshape(-1))
-            index += 1
-    flat = torch.cat(pieces) if pieces else torch.zeros(0)
-    return F.pad(flat, [0, (spec.padded_unsharded_numel or spec.flat_numel) - flat.numel()])
-
-
 def _edit(model: FSDP, spec: FlatParamSpec, by: float, grads: bool) -> None:
     """Add ``by`` to every flattened original parameter of the unwrapped view (and to its ``.grad``)."""
     with torch.no_grad():
@@ -494,7 +486,7 @@ def _check_grad_slice(model: FSDP, spec: FlatParamSpec, grads: dict[str, torch.T
     """This rank's sharded ``flat_param.grad`` is its slice of ``grads`` laid out (0 in every padding segment:
     padding is never used, so it gets a zero gradient)."""
     lo, hi = spec.shard_range(rank)
-    want = _laid_out(spec, grads, 0.0)[lo:hi]
+    want = laid_out(spec, grads, 0.0)[lo:hi]
     require_same_tensor(model._handle.flat_param.grad, want, reason="local-grad-differs",
                         what=f"rank {rank} {when}: sharded gradient [{lo}, {hi})")  # fmt: skip
 
