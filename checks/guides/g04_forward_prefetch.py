@@ -11,6 +11,7 @@ from torch import nn
 
 from checks.breakit.exercises import Exercise
 from checks.breakit.patches import wrapping
+from checks.models import autograd_order
 from checks.models.prefetch import forward_prefetches as model_forward_prefetches
 from checks.naming import ROOT
 from checks.probes import EventLog, clock, record_events
@@ -192,6 +193,117 @@ def prefetch_without_backward(ctx: RankContext, stated: list[str], forwards: int
     return observed
 
 
+# -- what forward prefetch does to backward ---------------------------------------------------------------------
+BLOCKS = ("blocks.0", "blocks.1", "blocks.2")
+POST_FORWARD = (*BLOCKS, ROOT)
+
+
+def _creation_order(model: nn.Module) -> list[tuple[str, int]]:
+    """Autograd sequence numbers of what each unit's forward creates, appended as it runs: ``views U``, the last of
+    the views of U's flat parameter that `_use_unsharded_views` created for this forward (kept in
+    ``flat_param._tensors``, by its own pre-forward or by a prefetch, read when U's own module starts), and
+    ``output U``, the last op of U's forward (its output's ``grad_fn``)."""
+    seen: list[tuple[str, int]] = []
+    for name, unit in units(model).items():
+        flat_param = unit._handle.flat_param
+
+        def views(module: nn.Module, args: Any, name: str = name, flat_param: Any = flat_param) -> None:
+            numbers = [t.grad_fn._sequence_nr() for t in flat_param._tensors if t.grad_fn is not None]
+            seen.append((f"views {name}", max(numbers) if numbers else -1))
+
+        def output(module: nn.Module, args: Any, out: Any, name: str = name) -> None:
+            last = out[-1] if isinstance(out, tuple) else out
+            seen.append((f"output {name}", last.grad_fn._sequence_nr() if last.grad_fn is not None else -1))
+
+        unit._fsdp_wrapped_module.register_forward_pre_hook(views)
+        unit._fsdp_wrapped_module.register_forward_hook(output)
+    return seen
+
+
+def _modelled_creation(forward_prefetch: bool) -> list[str]:
+    """The model's creation order as the recorder names it: the root's embeddings have no output of their own
+    (the root module's output is its head's), so its first compute segment is not recorded."""
+    labels, root_seen = [], False
+    for node in autograd_order.mini_gpt_forward(ROOT, BLOCKS, forward_prefetch):
+        if node.kind == autograd_order.COMPUTE and node.unit == ROOT and not root_seen:
+            root_seen = True
+            continue
+        labels.append(f"{'views' if node.kind == autograd_order.VIEWS else 'output'} {node.unit}")
+    return labels
+
+
+def _moments(stated: list[str]) -> list[tuple[str, int]]:
+    """``compute blocks.2   3`` lines as (moment, units)."""
+    return [(" ".join(line.split()[:2]), int(line.split()[2])) for line in stated]
+
+
+def _backward_of_iteration_2(ctx: RankContext, forward_prefetch: bool) -> dict[str, Any]:
+    """Iteration 2 of mini_gpt (BACKWARD_PRE, the default): its forward's creation order, its backward's hooks and
+    prefetches, and the unsharded bytes at each compute start and after each post-backward hook."""
+    from checks.guides.g06_backward_prefetch import ComputeMarks
+    from checks.probes.memory_series import record_memory_series
+
+    model = fsdp1_gpt(ctx, forward_prefetch=forward_prefetch)
+    marks = ComputeMarks(model)
+    created = _creation_order(model)
+    for step in range(2):
+        created.clear()
+        marks.seq.clear()
+        x, y = batch(ctx, step=step)
+        if step == 0:
+            model(x, y)[1].backward()
+            continue
+        with record_events(model) as events, record_memory_series(model) as recorder:
+            marks.on_mark = lambda unit, recorder=recorder: recorder.mark(f"compute {unit}")
+            model(x, y)[1].backward()
+    points = [(m.replace("backward ", "post-backward ", 1), b["unsharded"])
+              for m, b in recorder.series.points if not m.startswith("forward ")]  # fmt: skip
+    hooks = [
+        e.describe() for e in events if e.kind in ("pre_backward", "post_backward", "prefetch") and e.state != "FORWARD"
+    ]  # fmt: skip  (forward's own prefetches are follows-iteration-1-order's)
+    return {"created": [label for label, _ in sorted(created, key=lambda c: c[1])], "hooks": hooks, "points": points}
+
+
+def prefetch_reorders_backward(ctx: RankContext, with_prefetch: list[str], without_prefetch: list[str],
+                               peaks: list[str]) -> dict[str, Any]:  # fmt: skip
+    """From iteration 2, forward prefetch changes the order of backward. A prefetch creates the next unit's views
+    (the autograd nodes its parameters' gradients meet at) before the current unit's compute, and autograd runs the
+    ready node created last first: so blocks.1's compute, and its pre-backward hook, come before blocks.2's views,
+    and blocks.2's post-backward hook. The measured creation order, the backward's hooks and prefetches, and the
+    units holding unsharded parameters at each moment are the torch-free model's (`checks.models.autograd_order`)
+    and the guide's tables; with it the root and all three blocks are unsharded at once, the peak is the guide's."""
+    from checks.guides.g06_backward_prefetch import _unit_counts
+
+    sizes = {unit: 4 * numel for unit, numel in padded_sizes(ctx.world_size, element_bytes=4).items()}
+    stated_peaks = {line.split()[0]: int(line.split()[1]) for line in peaks}
+    observed: dict[str, Any] = {}
+    for label, forward_prefetch, stated in (("with", True, with_prefetch), ("without", False, without_prefetch)):
+        where = {"prefetch": label}
+        made = autograd_order.mini_gpt_forward(ROOT, BLOCKS, forward_prefetch)
+        sequence, moments = autograd_order.backward_with_prefetch(made, POST_FORWARD, kept=[ROOT])
+        what = f"{label} forward prefetch: the model's units alive, against the guide's table"
+        require_equal(moments, _moments(stated), reason="table-differs-from-model", what=what, **where)
+        run = _backward_of_iteration_2(ctx, forward_prefetch)
+        what = f"iteration 2, {label} forward prefetch: what forward created, in autograd's order"
+        require_equal(run["created"], _modelled_creation(forward_prefetch), reason="creation-order", what=what,
+                      **where)  # fmt: skip
+        what = f"iteration 2, {label} forward prefetch: backward hooks and prefetches"
+        require_equal(run["hooks"], sequence, reason="backward-order", what=what, **where)
+        counts = []
+        for moment, nbytes in run["points"]:
+            found = _unit_counts(nbytes, sizes)
+            require(len(found) == 1, "not-whole-units", f"{label}: {nbytes} bytes at {moment} are not whole units",
+                    moment=moment, nbytes=nbytes, **where)  # fmt: skip
+            counts.append((moment, found.pop()))
+        what = f"iteration 2, {label} forward prefetch: units holding unsharded parameters"
+        require_equal(counts, moments, reason="units-alive", what=what, **where)
+        peak = max(nbytes for _, nbytes in run["points"])
+        require_equal(peak, stated_peaks[label], reason="peak-bytes", what=f"{label}: peak unsharded bytes", **where)
+        observed[label] = {"created": run["created"], "hooks": run["hooks"], "alive": dict(counts), "peak": peak}
+    observed["extra_bytes"] = observed["with"]["peak"] - observed["without"]["peak"]
+    return observed
+
+
 # -- break-it recipes: this guide's behaviour bent on purpose (tests/break_it/ applies them) --------------
 
 
@@ -227,6 +339,14 @@ def forward_target_after_next_iter(original: Any, eod: Any, current_handle: Any)
     """``get_handle_to_forward_prefetch`` that returns nothing until ``next_iter`` has run once: a record that
     counts as complete only after the first backward."""
     return None if eod.is_first_iter else original(eod, current_handle)
+
+
+def unshard_even_if_prefetched(original: Any, state: Any, handle: Any) -> None:
+    """``_pre_forward_unshard`` that unshards a prefetched unit again: nothing is all-gathered (it is unsharded
+    already), but `_use_unsharded_flat_param` creates its views anew, right before its own compute."""
+    if handle:
+        handle._prefetched = False
+    original(state, handle)
 
 
 # -- exercises: recipes above as puzzles (fsdp-readings exercise 04-forward-prefetch) ----------------------------

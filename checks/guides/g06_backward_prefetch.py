@@ -165,8 +165,11 @@ def _stated_against_model(stated: list[str], post_forward: tuple[str, ...], mode
 
 
 def _first(events: EventLog, kind: str, unit: str) -> int:
+    """The clock tick of ``unit``'s first ``kind`` event. A missing event is a violation, never a tick of 0: an
+    order such as "free before prefetch" would otherwise hold with no free at all."""
     found = [e.seq for e in events.select(kind, unit=unit)]
-    return found[0] if found else 0
+    require(bool(found), "missing-event", f"{unit} has no {kind} event in this backward", kind=kind, unit=unit)
+    return found[0]
 
 
 def _own_unshards(events: EventLog) -> list[str]:
@@ -479,6 +482,14 @@ def prefetch_before_free(original: Any, state: Any, handle: Any, *unused: Any) -
 
     ru._prefetch_handle(state, handle, ru._PrefetchMode.BACKWARD)
     ru._reshard(state, handle, ru._should_free_in_backward(state, handle))
+
+
+def keep_then_prefetch(original: Any, state: Any, handle: Any, *unused: Any) -> None:
+    """``_post_backward_reshard`` that reshards without freeing, then prefetches: no free precedes the prefetch."""
+    from torch.distributed.fsdp import _runtime_utils as ru
+
+    ru._reshard(state, handle, False)
+    ru._prefetch_handle(state, handle, ru._PrefetchMode.BACKWARD)
 
 
 def candidate_always_needed(original: Any, eod: Any, current_handle: Any) -> Any:

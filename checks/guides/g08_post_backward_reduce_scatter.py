@@ -7,10 +7,15 @@ gradient sits in the unit's padded flat gradient and which slice is this rank's.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import MixedPrecision
 
 from checks.breakit.exercises import Exercise
@@ -18,14 +23,27 @@ from checks.breakit.patches import wrapping
 from checks.models import divide_factors
 from checks.models.flat_param import layout
 from checks.models.prefetch import backward_sequence
-from checks.naming import ROOT
-from checks.probes import assert_sequence, record_comm, record_events
+from checks.naming import ROOT, clean
+from checks.probes import CommLog, EventLog, assert_sequence, record_comm, record_events
+from checks.ranks import tracing
 from checks.ranks.context import RankContext
-from checks.violation import require, require_equal
+from checks.ranks.symbols import code_objects
+from checks.violation import Violation, require, require_equal
 from checks.workloads import toy
-from checks.workloads.gpt import POST_FORWARD, batch, fsdp1_gpt, grad_shards, padded_sizes, post_backward_order, units
+from checks.workloads.gpt import (
+    POST_FORWARD,
+    batch,
+    fsdp1_gpt,
+    fsdp2_gpt,
+    grad_shards,
+    padded_sizes,
+    post_backward_order,
+    units,
+)
 from checks.workloads.toy import wrap_ddp
 from mini_gpt import GPT, preset
+
+_RU = "torch.distributed.fsdp._runtime_utils"
 
 
 def _ddp_gpt(ctx: RankContext, seed: int = 0) -> nn.Module:
@@ -89,27 +107,106 @@ def _relative(d: dict[str, Any]) -> float:
     return d["max_abs_diff"] / d["max_abs_grad"] if d["max_abs_grad"] else 0.0
 
 
+# -- which unit a collective belongs to, and what a reduction did to the data --------------------------------------
+_ISSUER_KINDS = {"reduce_scatter": ("reduce_grad",), "all_gather": ("unshard", "prefetch")}
+
+
+def collectives_by_unit(comm: CommLog, events: EventLog, op: str, in_backward: bool | None = None) -> list[str]:
+    """Each recorded ``op`` (``reduce_scatter`` or ``all_gather``) as ``"<unit> <elements>"``. The unit is the one
+    FSDP was working on when the collective was issued, by the clock the two recorders share: for a
+    reduce-scatter the last ``reduce_grad`` event before it, for an all-gather the last unshard (its own unit) or
+    prefetch (its target) before it; ``?`` when no such event came first. Sizes alone cannot tell the three
+    blocks apart (16,020 elements each at N=2): this does. ``in_backward`` keeps only the collectives issued in
+    (True) or outside (False) backward."""
+    issuers = [e for e in events if e.kind in _ISSUER_KINDS[op]]
+    out = []
+    for c in comm.select(op):
+        if in_backward is not None and c.in_backward != in_backward:
+            continue
+        before = [e for e in issuers if e.seq < c.seq]
+        out.append(f"{_unit_served(before[-1]) if before else '?'} {c.numel}")
+    return out
+
+
+def _unit_served(event: Any) -> str:
+    """The unit an issuing event works for: a prefetch's target, otherwise the event's own unit."""
+    return (event.target or "?") if event.kind == "prefetch" else event.unit
+
+
+@dataclass
+class Reduction:
+    """One unit's ``_reduce_grad`` as the data saw it: the unsharded gradient it started from, the reduce-scatter's
+    input and output, and the reduced shard it ended with (after the post-divide)."""
+
+    unit: str
+    unsharded: torch.Tensor
+    scatter_in: list[torch.Tensor] = field(default_factory=list)
+    scatter_out: list[torch.Tensor] = field(default_factory=list)
+    reduced: torch.Tensor | None = None
+
+
+@contextmanager
+def observed_reductions(model: nn.Module) -> Iterator[list[Reduction]]:
+    """Every ``_reduce_grad`` in the block, in call order, with copies of the tensors it passed through (a tracer on
+    ``_reduce_grad`` and ``dist.reduce_scatter_single``, so the data is read where torch hands it over, not from
+    any attribute FSDP keeps)."""
+    names = {id(unit._handle): name for name, unit in units(model).items() if unit._handle is not None}
+    seen: list[Reduction] = []
+    (reduce_code,) = code_objects(f"{_RU}:_reduce_grad")
+    (scatter_code,) = code_objects("torch.distributed.distributed_c10d:reduce_scatter_single")
+
+    def on_reduce(frame: Any) -> tracing.ReturnHook:
+        handle = frame.f_locals["handle"]
+        seen.append(Reduction(names.get(id(handle), "?"), handle.flat_param.grad.detach().clone()))
+
+        def done(frame: Any, value: Any) -> None:
+            shard = frame.f_locals.get("new_sharded_grad")
+            seen[-1].reduced = None if shard is None else shard.detach().clone()
+
+        return done
+
+    def on_scatter(frame: Any) -> tracing.ReturnHook:
+        output, given = frame.f_locals["output"], frame.f_locals["input"].detach().clone()
+
+        def done(frame: Any, value: Any) -> None:
+            if seen:
+                seen[-1].scatter_in.append(given)
+                seen[-1].scatter_out.append(output.detach().clone())
+
+        return done
+
+    with tracing.subscribed({reduce_code: on_reduce, scatter_code: on_scatter}) as subscription:
+        yield seen
+    if subscription.errors:
+        raise RuntimeError(f"the reduction recorder failed: {subscription.errors[0]!r}") from subscription.errors[0]
+
+
 def one_reduce_scatter_per_unit(ctx: RankContext) -> dict[str, Any]:
     """One backward issues exactly one reduce-scatter per unit, in post-backward order (blocks.2 … root), each
     of the unit's padded unsharded size in fp32 and from `_reduce_grad`; nothing else is reduced, and no
-    all-reduce runs."""
+    all-reduce runs. Each reduce-scatter is attributed to its unit (`collectives_by_unit`), so the order of the
+    three equal-sized blocks is checked, not only the sizes."""
     model = fsdp1_gpt(ctx)
     x, y = batch(ctx)
     loss = model(x, y)[1]
-    with record_comm() as comm:
+    with record_comm() as comm, record_events(model) as events:
         loss.backward()
     sizes = padded_sizes(ctx.world_size, element_bytes=4)
     scatters = comm.select("reduce_scatter")
-    order = post_backward_order()
-    expected = [sizes[unit] for unit in order]
-    assert_sequence([c.numel for c in scatters], expected, what="reduce-scatter sizes", reason="reduce-scatters")
+    expected = [f"{unit} {sizes[unit]}" for unit in post_backward_order()]
+    observed = collectives_by_unit(comm, events, "reduce_scatter")
+    assert_sequence(observed, expected, what="reduce-scatters (unit, elements)", reason="reduce-scatters")
     callers = sorted({c.caller.split(":")[1] for c in scatters})
     require_equal(callers, ["_reduce_grad"], reason="reduce-scatter-caller", what="reduce-scatter callers")
     dtypes = sorted({c.dtype for c in scatters})
     require_equal(dtypes, ["torch.float32"], reason="reduce-dtype", what="reduce-scatter dtypes")
     reductions = sorted({c.op for c in comm if c.op in ("all_reduce", "reduce_scatter")})
     require_equal(reductions, ["reduce_scatter"], reason="other-reduction", what="gradient reductions")
-    return {"sizes": [c.numel for c in scatters], "shard": [c.numel // ctx.world_size for c in scatters]}
+    return {
+        "reduce_scatters": observed,
+        "sizes": [c.numel for c in scatters],
+        "shard": [c.numel // ctx.world_size for c in scatters],
+    }
 
 
 def toy_reduce_scatter_pads_to_n(ctx: RankContext) -> dict[str, list[int]]:
@@ -117,7 +214,7 @@ def toy_reduce_scatter_pads_to_n(ctx: RankContext) -> dict[str, list[int]]:
     multiple of N (32 at N=4) and each rank receives an equal shard, its tail padding included."""
     model = toy.wrap_fsdp1(toy.toy_model(ctx.device), ctx)
     loss = model(toy.toy_batch(ctx)).sum()
-    with record_comm() as comm:
+    with record_comm() as comm, observed_reductions(model) as reductions:
         loss.backward()
     numels = {unit: [o * i, o] for unit, (i, o) in zip(("0", "1", "2"), toy.TOY_LAYERS, strict=True)}
     numels[ROOT] = numels.pop("2")  # the root keeps the last layer
@@ -132,7 +229,21 @@ def toy_reduce_scatter_pads_to_n(ctx: RankContext) -> dict[str, list[int]]:
     got = {unit: shards[unit]._handle.flat_param.grad.numel() for unit in order}
     want = {unit: flats[unit].shard_numel for unit in order}
     require_equal(got, want, reason="shard-size", what="sharded gradient lengths")
-    return {"sizes": [c.numel for c in scatters], "unpadded": [flats[u].unpadded_numel for u in order], "shard": got}
+    padding = {}
+    for r in reductions:
+        (given,) = r.scatter_in
+        unpadded = flats[r.unit].unpadded_numel
+        require_equal(r.unsharded.numel(), unpadded, reason="unsharded-size", what=f"{r.unit}'s unsharded gradient")
+        tail = given[unpadded:]
+        padding[r.unit] = tail.tolist()
+        message = f"{r.unit}: the reduce-scatter input's padding {tail.tolist()} is not zeros"
+        require(bool((tail == 0).all()), "padding-not-zero", message, unit=r.unit, padding=tail.tolist())
+    return {
+        "sizes": [c.numel for c in scatters],
+        "unpadded": [flats[u].unpadded_numel for u in order],
+        "shard": got,
+        "padding": padding,
+    }
 
 
 def reduce_scatter_in_post_backward(ctx: RankContext) -> list[str]:
@@ -157,16 +268,47 @@ def reduce_scatter_in_post_backward(ctx: RankContext) -> list[str]:
     return observed
 
 
-def divide_factors_multiply_to_n(ctx: RankContext) -> dict[str, float]:
-    """Every unit divides by the model's pre-factor before the reduce-scatter and by N / pre after it."""
+def _factor(before: torch.Tensor, after: torch.Tensor, unit: str, where: str) -> float:
+    """The one number ``before`` was divided by to give ``after``, element by element; a `Violation` when no single
+    factor does (elements that are zero on either side say nothing). Dividing by a power of two is exact, so the
+    ratios are exact too."""
+    mask = (before != 0) & (after != 0)
+    ratios = sorted({float(v) for v in torch.unique(before[mask].double() / after[mask].double())})
+    zeros_agree = bool(((before == 0) == (after == 0)).all())
+    message = f"{unit}: {where} is not the gradient divided by one factor (ratios {ratios[:4]})"
+    require(len(ratios) == 1 and zeros_agree, "not-one-factor", message, unit=unit, where=where, ratios=ratios[:4])
+    return ratios[0]
+
+
+def divide_factors_multiply_to_n(ctx: RankContext) -> dict[str, Any]:
+    """Every unit divides its gradient by the model's pre-factor before the reduce-scatter and by N / pre after it,
+    observed on the data: the reduce-scatter's input is the unsharded gradient (zero-padded to the input's length)
+    divided by one factor, and the reduced shard is the reduce-scatter's output divided by another. A factor of 1
+    is the data unchanged."""
     model = fsdp1_gpt(ctx)
-    model(*batch(ctx))  # lazy init
+    loss = model(*batch(ctx))[1]
+    with observed_reductions(model) as reductions:
+        loss.backward()
     want = {"pre": divide_factors.predivide(ctx.world_size), "post": divide_factors.postdivide(ctx.world_size)}
-    for name, unit in units(model).items():
-        got = {"pre": float(unit._gradient_predivide_factor), "post": float(unit._gradient_postdivide_factor)}
-        require_equal(got, want, reason="divide-factors", what=f"{name}'s divide factors", unit=name)
     require(want["pre"] * want["post"] == ctx.world_size, "not-a-mean", f"{want} do not multiply to N")
-    return want
+    reduced = [r.unit for r in reductions]
+    require_equal(
+        sorted(reduced), sorted(units(model)), reason="units-reduced", what="units whose gradient was reduced"
+    )
+    observed = {}
+    for r in reductions:
+        require_equal(len(r.scatter_in), 1, reason="reduce-scatters", what=f"{r.unit}'s reduce-scatters", unit=r.unit)
+        (given,), (summed,) = r.scatter_in, r.scatter_out
+        if r.reduced is None:
+            raise Violation("no-reduced-shard", f"{r.unit}: _reduce_grad left no reduced shard", unit=r.unit)
+        padded = torch.nn.functional.pad(r.unsharded.reshape(-1), [0, given.numel() - r.unsharded.numel()])
+        got = {
+            "pre": _factor(padded, given, r.unit, "the reduce-scatter's input"),
+            "post": _factor(summed, r.reduced, r.unit, "the reduced shard"),
+        }
+        require_equal(got, want, reason="divide-factors", what=f"{r.unit}'s divisions, observed", unit=r.unit)
+        observed[r.unit] = got
+    return {**want, "observed": observed}
 
 
 def accumulation_sums_shards(ctx: RankContext) -> dict[str, bool]:
@@ -207,6 +349,86 @@ def reduce_and_stored_dtypes(ctx: RankContext) -> dict[str, dict[str, str]]:
         require_equal(stored, ["torch.float32"], reason="stored-dtype", what=f"{label}: stored gradient dtypes")
         seen[label] = {"reduce_scatter": reduced[0], "stored": stored[0]}
     return seen
+
+
+# -- clip_grad_norm_ on sharded gradients --------------------------------------------------------------------------
+def _clip(model: nn.Module, api: str, max_norm: float) -> tuple[torch.Tensor, float]:
+    """The norm each API's clipping returns (the tensor itself, and its value): FSDP1's own method, or
+    ``torch.nn.utils.clip_grad_norm_`` over FSDP2's DTensor parameters, whose norm comes back as a DTensor."""
+    if api == "fsdp1":
+        norm = model.clip_grad_norm_(max_norm)
+        return norm, float(norm)
+    from torch.distributed.tensor import DTensor, Replicate
+
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    require(isinstance(norm, DTensor), "not-a-dtensor", f"the norm is a {type(norm).__name__}, not a DTensor")
+    placements = [str(p) for p in norm.placements]
+    require_equal(placements, [str(Replicate())], reason="norm-not-replicated", what="the norm's placements")
+    return norm, float(norm.full_tensor())
+
+
+def _local_grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    """This rank's gradient elements by parameter name (FSDP1: the original parameters' views of the shard; FSDP2:
+    each DTensor gradient's local tensor)."""
+    out = {}
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            out[clean(name)] = grad.detach().clone()
+    return out
+
+
+def _full_grads(model: nn.Module, api: str) -> dict[str, torch.Tensor]:
+    """Every parameter's whole gradient: FSDP2 through ``full_tensor()``, FSDP1 through
+    ``summon_full_params(with_grads=True)`` (guide 12)."""
+    if api == "fsdp2":
+        return {clean(n): p.grad.full_tensor().detach().clone() for n, p in model.named_parameters()}
+    with FSDP.summon_full_params(model, writeback=False, with_grads=True):
+        return {clean(n): p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def clip_grad_norm_matches_ddp(ctx: RankContext, api: str, max_norm: float, rtol: float) -> dict[str, Any]:
+    """After one backward on the same data, clipping the sharded gradients to ``max_norm`` returns the norm of the
+    whole model's gradient, as DDP's ``torch.nn.utils.clip_grad_norm_`` over its replicated gradients does, within
+    ``rtol`` (the two sum the squares in different orders); it multiplies every gradient element on every rank by
+    one factor, ``max_norm / (norm + 1e-6)``, the same on all ranks; and the clipped gradients are DDP's clipped
+    ones within ``rtol`` of each parameter's largest."""
+    ddp = _ddp_gpt(ctx)
+    ddp(*batch(ctx))[1].backward()
+    ddp_norm = float(torch.nn.utils.clip_grad_norm_(ddp.parameters(), max_norm))
+    require(ddp_norm > max_norm, "nothing-clipped", f"DDP's norm {ddp_norm} is below {max_norm}: no clipping")
+    model = fsdp1_gpt(ctx) if api == "fsdp1" else fsdp2_gpt(ctx)
+    model(*batch(ctx))[1].backward()
+    before = _local_grads(model)
+    norm, value = _clip(model, api, max_norm)
+    message = f"{api}'s norm {value!r} vs DDP's {ddp_norm!r}: beyond {rtol:g} relative"
+    close = abs(value - ddp_norm) <= rtol * ddp_norm
+    ctx.agreed(partial(require, close, "norm-differs", message, observed=value, expected=ddp_norm))
+    local_norm = norm.to_local() if hasattr(norm, "to_local") else norm
+    factor = torch.clamp(max_norm / (local_norm + 1e-6), max=1.0)  # the factor torch's code multiplies by
+    after = _local_grads(model)
+    unscaled = sorted(n for n, g in after.items() if not torch.equal(g, before[n] * factor.to(g.dtype)))
+    what = f"rank {ctx.rank}: gradients not scaled by {float(factor)!r}"
+    ctx.agreed(partial(require_equal, reason="not-one-factor", what=what, rank=ctx.rank), unscaled, [])
+    factors = ctx.gather(float(factor))
+    require(len(set(factors)) == 1, "factors-differ", f"clip factors per rank: {factors}", observed=factors)
+    want = {clean(n.removeprefix("module.")): p.grad for n, p in ddp.named_parameters()}
+    worst = {}
+    for name, grad in _full_grads(model, api).items():
+        diff = (grad - want[name]).abs().max().item()
+        bound = rtol * want[name].abs().max().item()
+        require(diff <= bound, "clipped-grads-differ", f"{name}: clipped gradient {diff:.3g} from DDP's, beyond "
+                f"{bound:.3g}", name=name, max_abs_diff=diff, bound=bound)  # fmt: skip
+        worst[name] = diff / want[name].abs().max().item() if diff else 0.0
+    return {
+        "norm": value,
+        "ddp_norm": ddp_norm,
+        "relative": abs(value - ddp_norm) / ddp_norm,
+        "factor": float(factor),
+        "worst_grad_relative": max(worst.values()),
+        "norm_type": type(norm).__name__,
+        "placements": str(getattr(norm, "placements", "")),
+    }
 
 
 # -- break-it recipes: this guide's behaviour bent on purpose (tests/break_it/ applies them) --------------
@@ -262,6 +484,33 @@ def reduce_deferred(original: Any, state: Any, module: Any) -> None:
     original(state, module)
 
 
+_SWAP: dict[str, Any] = {"held": None, "done": False}
+
+
+def reduce_first_two_swapped(original: Any, state: Any, handle: Any) -> None:
+    """``_reduce_grad`` that holds back the first unit's reduction of a backward and issues it right after the
+    second's (blocks.1 before blocks.2: the same sizes, another order); the root's, the last, ends the backward."""
+    if _SWAP["held"] is None and not _SWAP["done"]:
+        _SWAP["held"] = (state, handle)
+        return
+    original(state, handle)
+    if _SWAP["held"] is not None:
+        held_state, held_handle = _SWAP["held"]
+        _SWAP["held"], _SWAP["done"] = None, True
+        original(held_state, held_handle)
+    if state._is_root:
+        _SWAP["done"] = False
+
+
+def pad_with_ones(original: Any, state: Any, unsharded_grad: Any) -> tuple[Any, Any]:
+    """``_get_reduce_scatter_tensors`` that pads to the same length with ones instead of zeros."""
+    padded, shard = original(state, unsharded_grad)
+    if padded.numel() > unsharded_grad.numel():
+        padded = padded.clone()
+        padded[unsharded_grad.numel() :] = 1.0
+    return padded, shard
+
+
 def pad_a_chunk_more(original: Any, state: Any, unsharded_grad: Any) -> tuple[Any, Any]:
     """``_get_reduce_scatter_tensors`` that pads one whole chunk more than a multiple of N needs."""
     import torch.nn.functional as F
@@ -271,8 +520,43 @@ def pad_a_chunk_more(original: Any, state: Any, unsharded_grad: Any) -> tuple[An
     return F.pad(padded, [0, extra * state.world_size]), torch.empty(shard.numel() + extra, dtype=shard.dtype)
 
 
+def clip_without_all_reduce(original: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
+    """``FullyShardedDataParallel.clip_grad_norm_`` whose all-reduce of the squared norms does nothing: each rank
+    clips by the norm of its own shard."""
+    import torch.distributed as dist
+
+    all_reduce = dist.all_reduce
+    dist.all_reduce = lambda *a, **k: None
+    try:
+        return original(model, *args, **kwargs)
+    finally:
+        dist.all_reduce = all_reduce
+
+
+def clip_twice_on_rank_1(original: Any, model: Any, max_norm: float, *args: Any) -> Any:
+    """``FullyShardedDataParallel.clip_grad_norm_`` after which rank 1 scales its shard by the factor once more."""
+    norm = original(model, max_norm, *args)
+    if model.rank == 1:
+        factor = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(factor)
+    return norm
+
+
+def local_total_norm(original: Any, tensors: Any, *args: Any, **kwargs: Any) -> Any:
+    """``torch.nn.utils.clip_grad._get_total_norm`` over each DTensor's local tensor: every rank gets the norm of
+    its own shards, returned as a replicated DTensor, as if the DTensors' reduction were lost."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    tensors = list(tensors)
+    local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+    norm = original(local, *args, **kwargs)
+    mesh = next((t.device_mesh for t in tensors if isinstance(t, DTensor)), None)
+    return norm if mesh is None else DTensor.from_local(norm, mesh, [Replicate()])
+
+
 # -- exercises: recipes above as puzzles (fsdp-readings exercise 08-post-backward-reduce-scatter) ----------------
-_RU = "torch.distributed.fsdp._runtime_utils"
 
 EXERCISES = (
     Exercise(

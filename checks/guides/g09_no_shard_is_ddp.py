@@ -28,7 +28,9 @@ from checks.models.flat_param import FlatLayout, FlatParamSpec, Param, flat_para
 from checks.naming import ROOT, clean
 from checks.numerics import pairwise_sums
 from checks.probes import assert_sequence, record_comm
+from checks.ranks import tracing
 from checks.ranks.context import RankContext
+from checks.ranks.symbols import code_objects
 from checks.violation import require, require_equal
 from checks.workloads.gpt import batch, fsdp1_gpt, post_backward_order, unit_numels, unit_of_parameter, units
 from checks.workloads.groups import one_rank_group
@@ -41,6 +43,8 @@ LR = 1e-3
 # the root, whose embedding (used first in forward, and again by the tied head) gets its gradient last (guide 01).
 BACKWARD_ORDER = ("blocks.2", "blocks.1", "blocks.0", ROOT)
 REDUCER = "torch.distributed.fsdp._runtime_utils:_reduce_grad_no_shard"
+_FSDP_INIT = "torch.distributed.fsdp.fully_sharded_data_parallel:FullyShardedDataParallel.__init__"
+_INIT_CORE_STATE = "torch.distributed.fsdp._init_utils:_init_core_state"
 
 
 # -- building ------------------------------------------------------------------------------------------------------
@@ -325,11 +329,35 @@ def _messages(caught: list[warnings.WarningMessage]) -> list[str]:
     return [f"{w.category.__name__}: {w.message}" for w in caught]
 
 
+def _where(filename: str, line: int) -> str:
+    return f"{Path(filename).name}:{line}"
+
+
+@contextlib.contextmanager
+def _call_sites(symbol: str, within: str | None = None) -> Iterator[list[str]]:
+    """``file:line`` where ``symbol`` was called, once per call in the block: the calling frame's line, or with
+    ``within`` the line the nearest frame running ``within`` is at (so a wrapper in between does not move it).
+    A tracer on the code reads it, without the warnings machinery."""
+    sites: list[str] = []
+    enclosing = set(code_objects(within)) if within else None
+
+    def on_call(frame: Any) -> None:
+        caller = frame.f_back
+        while enclosing is not None and caller is not None and caller.f_code not in enclosing:
+            caller = caller.f_back
+        sites.append(_where(caller.f_code.co_filename, caller.f_lineno) if caller else "?")
+
+    with tracing.subscribed(dict.fromkeys(code_objects(symbol), on_call)) as subscription:
+        yield sites
+    if subscription.errors:
+        raise RuntimeError(f"the call-site recorder failed: {subscription.errors[0]!r}") from subscription.errors[0]
+
+
 def deprecation_warning_at_construction(ctx: RankContext, expected: list[str]) -> dict[str, Any]:
     """Building each NO_SHARD unit on more than one rank warns once, a FutureWarning with the text of the guide's
     expect block, attributed to the line that called FullyShardedDataParallel; forward and backward warn nothing."""
     text = " ".join(expected)
-    with _recorded_warnings() as built:
+    with _recorded_warnings() as built, _call_sites(_FSDP_INIT) as built_at:
         model = fsdp1_gpt(ctx, sharding_strategy=ShardingStrategy.NO_SHARD)
     matching = [w for w in built if str(w.message) == text]
     message = f"{len(matching)} warnings with the guide's text for {len(units(model))} units; got {_messages(built)}"
@@ -337,16 +365,19 @@ def deprecation_warning_at_construction(ctx: RankContext, expected: list[str]) -
             expected=len(units(model)), warnings=_messages(built))  # fmt: skip
     categories = sorted({w.category.__name__ for w in matching})
     require_equal(categories, ["FutureWarning"], reason="wrong-category", what="the deprecation warning's category")
-    # stacklevel=3 is meant to name the caller of FullyShardedDataParallel(...): here, the workload's file.
+    # stacklevel=3 is meant to name the caller of FullyShardedDataParallel(...): each unit's own construction line
+    # in the workload's file, the blocks' line three times, then the root's.
     caller = Path(inspect.getsourcefile(fsdp1_gpt) or "").name
-    points_at = sorted({Path(w.filename).name for w in matching})
-    require_equal(points_at, [caller], reason="warning-location", what="the file the deprecation warning names")
+    require(all(site.startswith(f"{caller}:") for site in built_at), "units-built-elsewhere",
+            f"units were built at {built_at}, not in {caller}", observed=built_at)  # fmt: skip
+    points_at = [_where(w.filename, w.lineno) for w in matching]
+    require_equal(points_at, built_at, reason="warning-location", what="the lines the deprecation warnings name")
     with _recorded_warnings() as later:
         _, loss = model(*batch(ctx))
         loss.backward()
     require(not later, "warns-after-construction", f"forward and backward warned: {_messages(later)}",
             observed=_messages(later))  # fmt: skip
-    return {"category": categories[0], "count": len(matching), "message": text, "points_at": points_at[0]}
+    return {"category": categories[0], "count": len(matching), "message": text, "points_at": points_at}
 
 
 def world_size_1_clamps_to_no_shard(ctx: RankContext, expected: list[str]) -> dict[str, Any]:
@@ -354,7 +385,7 @@ def world_size_1_clamps_to_no_shard(ctx: RankContext, expected: list[str]) -> di
     expect block) and no deprecation warning; every all-reduce then spans that one rank."""
     text = " ".join(expected)
     alone = one_rank_group(ctx)
-    with _recorded_warnings() as built:
+    with _recorded_warnings() as built, _call_sites(_INIT_CORE_STATE, within=_FSDP_INIT) as called_at:
         model = fsdp1_gpt(ctx, process_group=alone)
     matching = [w for w in built if str(w.message) == text]
     n_units = len(units(model))
@@ -365,10 +396,13 @@ def world_size_1_clamps_to_no_shard(ctx: RankContext, expected: list[str]) -> di
     deprecations = [m for m in _messages(built) if m.startswith("FutureWarning")]
     require(not deprecations, "also-deprecation-warning", f"the clamp also warned {deprecations}",
             observed=deprecations)  # fmt: skip
-    # stacklevel=2 names FullyShardedDataParallel.__init__'s own line, inside torch.
+    # stacklevel=2 names FullyShardedDataParallel.__init__'s own line, inside torch: the one that calls
+    # `_init_core_state`, once per unit.
     torch_file = Path(inspect.getsourcefile(FSDP) or "").name
-    points_at = sorted({Path(w.filename).name for w in matching})
-    require_equal(points_at, [torch_file], reason="warning-location", what="the file the clamp warning names")
+    require(all(site.startswith(f"{torch_file}:") for site in called_at), "called-elsewhere",
+            f"_init_core_state was called from {called_at}, not from {torch_file}", observed=called_at)  # fmt: skip
+    points_at = [_where(w.filename, w.lineno) for w in matching]
+    require_equal(points_at, called_at, reason="warning-location", what="the lines the clamp warnings name")
     strategies = {
         name: (u.sharding_strategy.name, u._handle._sharding_strategy.name) for name, u in units(model).items()
     }
@@ -382,7 +416,7 @@ def world_size_1_clamps_to_no_shard(ctx: RankContext, expected: list[str]) -> di
     return {
         "strategy": sorted(set(strategies.values())),
         "category": matching[0].category.__name__,
-        "points_at": points_at[0],
+        "points_at": points_at,
         "group_sizes": [c.group_size for c in comm],
     }
 
@@ -468,6 +502,25 @@ def init_core_state_with_user_warnings(original: Any, *args: Any) -> Any:
         state = original(*args)
     for w in caught:
         warnings.warn_explicit(str(w.message), UserWarning, w.filename, w.lineno)
+    return state
+
+
+def init_core_state_naming_the_def_line(original: Any, *args: Any) -> Any:
+    """`_init_core_state` whose warnings name the first line (the ``def``) of the function they should point
+    into, in the same file, instead of the line that called: the clamp's ``FullyShardedDataParallel.__init__``
+    (stacklevel 2), the deprecation's caller of it (stacklevel 3)."""
+    import sys
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state = original(*args)
+    init = sys._getframe()
+    while init is not None and init.f_code is not inspect.unwrap(FSDP.__init__).__code__:
+        init = init.f_back
+    for w in caught:
+        named = init.f_back if issubclass(w.category, FutureWarning) else init
+        code = named.f_code
+        warnings.warn_explicit(str(w.message), w.category, code.co_filename, code.co_firstlineno)
     return state
 
 

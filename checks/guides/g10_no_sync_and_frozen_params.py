@@ -19,6 +19,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import ShardingStrategy
 from torch.distributed.fsdp import _runtime_utils as ru
 
+from checks.guides.g08_post_backward_reduce_scatter import _ddp_gpt, _ddp_grads, _fsdp_shards, collectives_by_unit
 from checks.models.flat_param import FlatParamSpec, Param, flat_param
 from checks.models.prefetch import backward_sequence
 from checks.naming import ROOT, clean
@@ -37,6 +38,7 @@ from checks.workloads.gpt import (
     units,
 )
 from mini_gpt import GPT, BatchSampler, corpus_tokens, preset
+from mini_gpt.train import make_optimizer
 
 # The events a backward's timing is read from; unshards and prefetches are guide 06's.
 BACKWARD_KINDS = ("pre_backward", "post_backward", "free", "reshard", "reduce_grad", "final_callback")
@@ -105,10 +107,6 @@ def _step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[CommLog, 
     with record_comm() as comm, record_events(model) as events:
         model(x, y)[1].backward()
     return comm, events
-
-
-def _sizes(comm: CommLog, op: str, in_backward: bool) -> list[int]:
-    return [c.numel for c in comm.select(op) if c.in_backward == in_backward]
 
 
 # -- 1. FULL_SHARD inside no_sync --------------------------------------------------------------------------------
@@ -214,30 +212,31 @@ def full_shard_no_sync_frees_params(ctx: RankContext) -> dict[str, Any]:
 
 def no_sync_reduces_nothing(ctx: RankContext) -> dict[str, Any]:
     """A FULL_SHARD step inside ``no_sync`` all-gathers exactly as a synced one (every unit in forward, every unit
-    but the root again in backward) and issues no reduce-scatter and no all-reduce; the synced step after it adds
-    one reduce-scatter per unit."""
+    but the root again in backward, in the order the units run) and issues no reduce-scatter and no all-reduce;
+    the synced step after it adds one reduce-scatter per unit, in post-backward order. Each collective is named
+    by its unit (`collectives_by_unit`): the three blocks have one size, so sizes alone would not show the order."""
     model = fsdp1_gpt(ctx)
     sizes = padded_sizes(ctx.world_size, element_bytes=4)
     backward_units = [u for u in reversed(POST_FORWARD) if u != ROOT]  # the root was kept after forward (03)
-    gathers = {"forward": list(sizes.values()), "backward": [sizes[u] for u in backward_units]}
     post_order = [line.split()[1] for line in backward_sequence(POST_FORWARD, None) if line.startswith("post")]
+    gathers = {"forward": list(sizes), "backward": backward_units}
     observed: dict[str, dict[str, Any]] = {}
     for label, step in (("no_sync", 0), ("sync", 1)):
         if label == "no_sync":
             with model.no_sync():
-                comm, _ = _step(model, *batch(ctx, step=step))
+                comm, events = _step(model, *batch(ctx, step=step))
         else:
-            comm, _ = _step(model, *batch(ctx, step=step))
+            comm, events = _step(model, *batch(ctx, step=step))
         seen = {
-            "forward_all_gather": _sizes(comm, "all_gather", False),
-            "backward_all_gather": _sizes(comm, "all_gather", True),
-            "reduce_scatter": [c.numel for c in comm.select("reduce_scatter")],
+            "forward_all_gather": collectives_by_unit(comm, events, "all_gather", in_backward=False),
+            "backward_all_gather": collectives_by_unit(comm, events, "all_gather", in_backward=True),
+            "reduce_scatter": collectives_by_unit(comm, events, "reduce_scatter"),
             "all_reduce": [c.numel for c in comm.select("all_reduce")],
         }
         want = {
-            "forward_all_gather": gathers["forward"],
-            "backward_all_gather": gathers["backward"],
-            "reduce_scatter": [] if label == "no_sync" else [sizes[u] for u in post_order],
+            "forward_all_gather": [f"{u} {sizes[u]}" for u in gathers["forward"]],
+            "backward_all_gather": [f"{u} {sizes[u]}" for u in gathers["backward"]],
+            "reduce_scatter": [] if label == "no_sync" else [f"{u} {sizes[u]}" for u in post_order],
             "all_reduce": [],
         }
         for key, sizes_seen in seen.items():
@@ -346,6 +345,65 @@ def frozen_unit_reshards(ctx: RankContext, frozen: str, expected: list[str]) -> 
     return {"order": order, "freed_by": issued_by[0], "reduce_scatters": comm.count("reduce_scatter")}
 
 
+# -- 4. a frozen parameter inside a trainable unit ------------------------------------------------------------------
+def _gpt_with_frozen_parameter(ctx: RankContext, frozen: str) -> FSDP:
+    """mini_gpt wrapped as `fsdp1_gpt` does (``use_orig_params=True``), with the one parameter ``frozen`` set not to
+    require grad before wrapping: its unit's flat parameter still requires grad, for the others."""
+    model = GPT(preset("tiny"), seed=0).to(ctx.device)
+    dict(model.named_parameters())[frozen].requires_grad_(False)
+    options = {"device_id": ctx.device, "use_orig_params": True}
+    for i, block in enumerate(model.blocks):
+        model.blocks[i] = FSDP(block, **options)
+    return FSDP(model, **options)
+
+
+def frozen_parameter_gets_no_grad(ctx: RankContext, frozen: str, steps: int = 2) -> dict[str, Any]:
+    """With ``use_orig_params=True`` a frozen parameter that shares a flat parameter with trainable ones never
+    gets a ``.grad``, on any rank, after any backward, and AdamW never sees one: after ``steps`` steps it holds no
+    state for it and the parameter is bit for bit what it was, while every trainable parameter of its unit moved.
+    Its elements of the unit's flat gradient are computed and reduced all the same: the sharded flat gradient after
+    the first backward is, bit for bit (N=2), this rank's slice of DDP's gradient of the same model with nothing
+    frozen, the frozen parameter's piece included (the flat-parameter model places it)."""
+    model = _gpt_with_frozen_parameter(ctx, frozen)
+    unit = unit_of_parameter(frozen, set(units(model)))
+    originals = {clean(n): p for n, p in model.named_parameters()}
+    with FSDP.summon_full_params(model, writeback=False):
+        before = {n: p.detach().clone() for n, p in originals.items()}
+    optim = make_optimizer(model, 1e-3)
+    grads_seen: list[str] = []
+    for step in range(steps):
+        optim.zero_grad(set_to_none=True)
+        model(*batch(ctx, step=step))[1].backward()
+        if originals[frozen].grad is not None:
+            grads_seen.append(f"after backward {step + 1}")
+        if step == 0:
+            shards = _fsdp_shards(model)
+        optim.step()
+        if originals[frozen].grad is not None:
+            grads_seen.append(f"after step {step + 1}")
+    require_equal(grads_seen, [], reason="frozen-has-grad", what=f"rank {ctx.rank}: when {frozen} had a .grad")
+    stateful = sorted(n for n, p in originals.items() if optim.state.get(p))
+    require(frozen not in stateful, "optimizer-saw-frozen", f"AdamW keeps state for {frozen}", observed=stateful)
+    with FSDP.summon_full_params(model, writeback=False):
+        moved = sorted(n for n, p in originals.items() if not torch.equal(p, before[n]))
+    require_equal(moved, sorted(set(before) - {frozen}), reason="frozen-moved", what="parameters the steps changed")
+    ddp = _ddp_gpt(ctx)
+    ddp(*batch(ctx, step=0))[1].backward()
+    want = grad_shards(_ddp_grads(ddp), ctx.world_size, ctx.rank)[unit]
+    require(torch.equal(shards[unit], want), "flat-grad-differs", f"rank {ctx.rank}: {unit}'s sharded flat gradient "
+            "is not DDP's slice with nothing frozen")  # fmt: skip
+    spec = _gpt_flat_params(ctx.world_size)[unit]
+    info = dict(zip([clean(f) for f in spec.fqns], spec.shard_param_infos(ctx.rank), strict=True))[frozen]
+    piece = shards[unit][info.offset_in_shard : info.offset_in_shard + info.numel_in_shard] if info.in_shard else None
+    return {
+        "unit": unit,
+        "frozen_elements_here": info.numel_in_shard if info.in_shard else 0,
+        "frozen_piece_nonzero": int(piece.ne(0).sum()) if piece is not None else 0,
+        "moved": len(moved),
+        "stateful": len(stateful),
+    }
+
+
 # -- break-it recipes: this guide's behaviour bent on purpose (tests/break_it/ applies them) --------------
 def reduce_anyway(original: Any, state: Any, handle: Any, *args: Any) -> Any:
     """``_post_backward_hook`` that synchronises even inside ``no_sync`` (as if the flag were never cleared)."""
@@ -376,3 +434,27 @@ def catch_all_freeing_silently(original: Any, state: Any) -> None:
     handle = state._handle
     if handle and handle.uses_sharded_strategy and not handle.needs_unshard():
         handle._free_unsharded_flat_param()
+
+
+def frozen_gets_grad_views(original: Any, handle: Any) -> None:
+    """``FlatParamHandle._use_sharded_grad_views`` that gives frozen parameters a view of their gradient too."""
+    original(handle)
+    flat, grad = handle.flat_param, handle.sharded_grad
+    if grad is None:
+        return
+    for param, info in zip(flat._params, flat._shard_param_infos, strict=True):
+        if info.in_shard and not param.requires_grad:
+            param.grad = grad[info.offset_in_shard : info.offset_in_shard + info.numel_in_shard].reshape(param.shape)
+
+
+def zero_frozen_gradients(original: Any, state: Any, handle: Any) -> None:
+    """``_reduce_grad`` that zeroes the frozen parameters' elements of the unsharded flat gradient first, as if FSDP
+    skipped a gradient nobody reads."""
+    flat, offset, index = handle.flat_param, 0, 0
+    for numel, is_padding in zip(flat._numels_with_padding, flat._is_padding_mask, strict=True):
+        if not is_padding:
+            if not flat._params[index].requires_grad:
+                flat.grad[offset : offset + numel].zero_()
+            index += 1
+        offset += numel
+    original(state, handle)

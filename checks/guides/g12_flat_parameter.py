@@ -18,7 +18,7 @@ the comparison is ``torch.equal``, bf16 ``param_dtype`` included.
 from __future__ import annotations
 
 import traceback
-from functools import reduce
+from functools import partial, reduce
 from typing import Any
 
 import torch
@@ -32,6 +32,7 @@ from checks.models.flat_param import FlatParamSpec
 from checks.models.flat_param_diagram import diagram_lines, layout_fields
 from checks.models.flat_param_draws import MAX_DIM, describe, spec_of
 from checks.naming import clean
+from checks.probes import record_comm
 from checks.ranks.context import RankContext
 from checks.violation import Violation, require, require_equal
 from checks.workloads import toy
@@ -157,12 +158,18 @@ def expected_flat(spec: FlatParamSpec, replica: nn.Module) -> torch.Tensor:
     """The padded unsharded flat parameter the spec lays out, filled from the replica's parameters: each parameter
     flattened at its offset, alignment and world-size padding 42 (inside the flat parameter), and the padding
     sharding adds beyond it (``use_orig_params=False``) 0, as `_get_shard`'s ``F.pad`` leaves it."""
+    return laid_out(spec, {fqn: _tensor_at(replica, fqn) for fqn in spec.fqns}, PADDING_VALUE)
+
+
+def laid_out(spec: FlatParamSpec, values: dict[str, torch.Tensor], padding: float) -> torch.Tensor:
+    """Per-parameter ``values`` (by fqn) in the spec's padded unsharded layout: ``padding`` in every padding segment
+    of the flat parameter, zeros past it."""
     pieces, index = [], 0
     for numel, pad in zip(spec.numels_with_padding, spec.is_padding_mask, strict=True):
         if pad:
-            pieces.append(torch.full((numel,), PADDING_VALUE))
+            pieces.append(torch.full((numel,), padding))
         else:
-            pieces.append(_tensor_at(replica, spec.fqns[index]).detach().float().cpu().reshape(-1))
+            pieces.append(values[spec.fqns[index]].detach().float().cpu().reshape(-1))
             index += 1
     flat = torch.cat(pieces) if pieces else torch.zeros(0)
     whole = spec.padded_unsharded_numel if spec.padded_unsharded_numel is not None else spec.flat_numel
@@ -452,6 +459,147 @@ def layout_diagram(ctx: RankContext, expected: list[str], use_orig_params: bool 
     return {"layout": fields, "alignment_padding": counts["align"], "tail_padding": counts["tail"], **rank_params}
 
 
+# -- summon_full_params' arguments: writeback, with_grads, rank0_only -------------------------------------------------
+def _shifted(spec: FlatParamSpec, replica: nn.Module, by: float) -> nn.Module:
+    """``replica`` with ``by`` added to every flattened parameter (a tied one is the same tensor: once)."""
+    with torch.no_grad():
+        for fqn in spec.fqns:
+            _tensor_at(replica, fqn).add_(by)
+    return replica
+
+
+def _edit(model: FSDP, spec: FlatParamSpec, by: float, grads: bool) -> None:
+    """Add ``by`` to every flattened original parameter of the unwrapped view (and to its ``.grad``)."""
+    with torch.no_grad():
+        for fqn in spec.fqns:
+            tensor = _tensor_at(model.module, fqn)
+            tensor.add_(by)
+            if grads:
+                tensor.grad.add_(by)
+
+
+def _grads_of(spec: FlatParamSpec, replica: nn.Module, plus: float = 0.0) -> dict[str, torch.Tensor]:
+    return {fqn: _tensor_at(replica, fqn).grad + plus for fqn in spec.fqns}
+
+
+def _check_grad_slice(model: FSDP, spec: FlatParamSpec, grads: dict[str, torch.Tensor], rank: int, when: str) -> None:
+    """This rank's sharded ``flat_param.grad`` is its slice of ``grads`` laid out (0 in every padding segment:
+    padding is never used, so it gets a zero gradient)."""
+    lo, hi = spec.shard_range(rank)
+    want = laid_out(spec, grads, 0.0)[lo:hi]
+    require_same_tensor(model._handle.flat_param.grad, want, reason="local-grad-differs",
+                        what=f"rank {rank} {when}: sharded gradient [{lo}, {hi})")  # fmt: skip
+
+
+def _check_full_grads(inside: dict[str, torch.Tensor | None], want: dict[str, torch.Tensor]) -> None:
+    """Inside ``summon_full_params(with_grads=True)`` each original's ``.grad`` is the whole gradient."""
+    for fqn, grad in inside.items():
+        if grad is None:
+            raise Violation("unsharded-grad-differs", f"{fqn}.grad is None inside the context", fqn=fqn)
+        require_same_tensor(grad, want[fqn].cpu(), reason="unsharded-grad-differs", what=f"{fqn}.grad inside")
+
+
+def summon_writeback(ctx: RankContext, with_grads: bool) -> dict[str, Any]:
+    """``summon_full_params(writeback=True)`` keeps only each rank's own part of an edit. The unit of the
+    layout diagram, after one backward on the same batch everywhere (exact values, so the gradients are the
+    unwrapped unit's). First every rank adds 1 to every original parameter (and, ``with_grads``, to every
+    gradient, which inside the context is the full one): afterwards every shard holds the edit. Then rank 0 alone
+    adds 1 again: rank 0's shard keeps it, rank 1's does not, so a second summon shows rank 0's elements moved
+    twice and rank 1's once: rank 0's edit to rank 1's elements is lost."""
+    unit = {**LAYOUT_UNIT, "use_orig_params": True}
+    spec = spec_of(unit, ctx.world_size)
+    model, replica = wrap_unit(ctx, unit), build_unit(unit, ctx.device)
+    x, idx = unit_batch(ctx.device)
+    model(x, idx).backward()
+    replica(x, idx).backward()
+    with record_comm() as comm, FSDP.summon_full_params(model, writeback=True, with_grads=with_grads):
+        inside = {fqn: _tensor_at(model.module, fqn).grad for fqn in spec.fqns} if with_grads else {}
+        inside = {fqn: None if grad is None else grad.detach().clone() for fqn, grad in inside.items()}
+        _edit(model, spec, 1.0, with_grads)
+    ctx.agreed(_check_full_grads, inside, _grads_of(spec, replica))
+    once = _shifted(spec, build_unit(unit, ctx.device), 1.0)
+    ctx.agreed(_check_slice, model, spec, once, ctx.rank, "after every rank's edit")
+    if with_grads:
+        ctx.agreed(_check_grad_slice, model, spec, _grads_of(spec, replica, 1.0), ctx.rank, "after every rank's edit")
+    with FSDP.summon_full_params(model, writeback=True, with_grads=with_grads):
+        if ctx.rank == 0:
+            _edit(model, spec, 1.0, with_grads)
+    twice = _shifted(spec, build_unit(unit, ctx.device), 2.0)
+    ctx.agreed(_check_slice, model, spec, twice if ctx.rank == 0 else once, ctx.rank, "after rank 0's edit")
+    if with_grads:
+        mine = _grads_of(spec, replica, 2.0 if ctx.rank == 0 else 1.0)
+        ctx.agreed(_check_grad_slice, model, spec, mine, ctx.rank, "after rank 0's edit")
+    lo, hi = spec.shard_range(0)
+    merged = torch.cat([expected_flat(spec, twice)[lo:hi], expected_flat(spec, once)[hi:]])
+    with FSDP.summon_full_params(model, writeback=False):
+        gathered = model._handle._get_padded_unsharded_flat_param().detach().clone()
+    what = "the gathered flat parameter after rank 0's edit"
+    ctx.agreed(partial(require_same_tensor, reason="edit-not-lost", what=what), gathered, merged)
+    moved = (gathered - expected_flat(spec, once)).ne(0).sum().item()
+    # `unshard_grad` adds an all-reduce of one flag ("are all gradients None?") and the gradient's all-gather.
+    padded = spec.padded_unsharded_numel
+    want_comm = [["all_gather", padded], *([["all_reduce", 1], ["all_gather", padded]] if with_grads else [])]
+    what = "collectives of the first summon_full_params (op, elements)"
+    issued = [[c.op, c.numel] for c in comm]
+    ctx.agreed(partial(require_equal, reason="summon-collectives", what=what), issued, want_comm)
+    return {"shard_numel": spec.shard_numel, "moved_twice": int(moved), "rank0_range": [lo, hi],
+            "collectives": issued}  # fmt: skip
+
+
+def _storage(model: FSDP) -> int:
+    return model._handle.flat_param._full_param_padded.untyped_storage().nbytes()
+
+
+def _check_rank_0_values(values: dict[str, torch.Tensor], replica: nn.Module, rank: int) -> None:
+    """On rank 0, each original seen inside the context is the unwrapped unit's parameter (other ranks: nothing)."""
+    if rank != 0:
+        return
+    for fqn, value in values.items():
+        want = _tensor_at(replica, fqn).detach().cpu()
+        require_same_tensor(value, want, reason="rank-0-not-full", what=f"rank 0: {fqn} inside the context", fqn=fqn)
+
+
+def summon_rank0_only(ctx: RankContext) -> dict[str, Any]:
+    """``summon_full_params(rank0_only=True, writeback=False)``: every rank all-gathers, rank 0 sees every
+    original parameter whole, with the unwrapped unit's values; every other rank frees the gathered buffer at
+    once and sees its sharded 1-D views. With the default ``writeback=True``, ``rank0_only=True`` raises
+    ``NotImplementedError`` on every rank before any collective."""
+    unit = {**LAYOUT_UNIT, "use_orig_params": True}
+    spec = spec_of(unit, ctx.world_size)
+    model, replica = wrap_unit(ctx, unit), build_unit(unit, ctx.device)
+    with record_comm() as comm, FSDP.summon_full_params(model, rank0_only=True, writeback=False):
+        shapes = {fqn: list(_tensor_at(model.module, fqn).shape) for fqn in spec.fqns}
+        values = {fqn: _tensor_at(model.module, fqn).detach().clone() for fqn in spec.fqns}
+        held = _storage(model)
+    full = {fqn: list(shape) for fqn, shape in zip(spec.fqns, spec.shapes, strict=True)}
+    infos = zip(spec.fqns, spec.shard_param_infos(ctx.rank), strict=True)
+    pieces = {fqn: [info.numel_in_shard or 0] for fqn, info in infos}
+    padded_bytes = 4 * (spec.padded_unsharded_numel or 0)
+    seen = {"shapes": shapes, "gathered_bytes": held, "all_gathers": comm.count("all_gather")}
+    if ctx.rank == 0:
+        want = {"shapes": full, "gathered_bytes": padded_bytes, "all_gathers": 1}
+        reason = "rank-0-not-full"
+    else:
+        want = {"shapes": pieces, "gathered_bytes": 0, "all_gathers": 1}
+        reason = "other-rank-unsharded"
+    ctx.agreed(partial(require_equal, reason=reason, what=f"rank {ctx.rank} inside the context"), seen, want)
+    ctx.agreed(_check_rank_0_values, values, replica, ctx.rank)
+    with record_comm() as refused:
+        try:
+            with FSDP.summon_full_params(model, rank0_only=True):
+                pass
+        except NotImplementedError as error:
+            message = str(error)
+        else:
+            message = ""
+    said = {"raised": message, "collectives": len(refused)}
+    want_said = {"raised": "writeback=True and rank0_only=True is not supported yet", "collectives": 0}
+    what = "what summon_full_params(rank0_only=True) raised, and the collectives before"
+    ctx.agreed(partial(require_equal, reason="writeback-rank0-only-allowed", what=what), said, want_said)
+    gathers = seen["all_gathers"]
+    return {"shapes": shapes, "gathered_bytes": held, "all_gathers": gathers, "refused": message}
+
+
 # -- CPU offload -------------------------------------------------------------------------------------------------------
 # What `pin_memory()` raises without an accelerator depends on the torch build, not on its version: the CPU wheel
 # has no accelerator to ask for, a CUDA wheel finds no driver (measured: 2.13.0+cpu, 2.14.1+cu130).
@@ -580,10 +728,24 @@ def summon_offload_is_a_no_op(ctx: RankContext) -> dict[str, Any]:
 
 
 # -- FSDP2 offload ---------------------------------------------------------------------------------------------------
+def _fsdp2_params(model: nn.Module) -> list[Any]:
+    """Every ``FSDPParam`` of an FSDP2 model, module by module."""
+    found = []
+    for module in model.modules():
+        get_state = getattr(module, "_get_fsdp_state", None)
+        group = get_state()._fsdp_param_group if get_state is not None else None
+        if group is not None:
+            found.extend(group.fsdp_params)
+    return found
+
+
 def fsdp2_offload(ctx: RankContext, pin_memory: bool) -> dict[str, Any]:
-    """FSDP2 ``CPUOffloadPolicy`` on a cpu mesh. ``pin_memory=False``: one step runs and its sharded gradients equal
-    a run without offload. ``pin_memory=True`` (the default): ``fully_shard`` pins each sharded parameter and,
-    without an accelerator, raises at once."""
+    """FSDP2 ``CPUOffloadPolicy`` on a cpu mesh. ``pin_memory=False``: the policy reaches every ``FSDPParam``
+    (``offload_to_cpu`` on, ``pin_memory`` off), no sharded parameter or gradient is pinned, and one backward's
+    sharded gradients equal a run without offload. The compute device is the CPU here, so the copies offload
+    adds are no-ops and where the tensors live proves nothing; the flags and the pinning are what can differ.
+    ``pin_memory=True`` (the default): ``fully_shard`` pins each sharded parameter and, without an accelerator,
+    raises at once."""
     from torch.distributed.fsdp import CPUOffloadPolicy
 
     policy = CPUOffloadPolicy(pin_memory=pin_memory)
@@ -592,18 +754,28 @@ def fsdp2_offload(ctx: RankContext, pin_memory: bool) -> dict[str, Any]:
         build = lambda: toy.wrap_fsdp2(toy.toy_model(ctx.device), ctx, offload_policy=policy)  # noqa: E731
         return _fails_for_no_accelerator(build, "_init_sharded_param", ran)
     x = toy.toy_batch(ctx)
-    grads = {}
+    grads, seen = {}, {}
     for label, kwargs in (("offload", {"offload_policy": policy}), ("plain", {})):
         model = toy.wrap_fsdp2(toy.toy_model(ctx.device), ctx, **kwargs)
         model(x).sum().backward()
-        grads[label] = {clean(n): p.grad.to_local().detach().cpu() for n, p in model.named_parameters()}
-        if label == "offload":
-            devices = sorted({p.to_local().device.type for p in model.parameters()})
-            pinned = sorted({p.to_local().is_pinned() for p in model.parameters()})
-            require_equal(devices, ["cpu"], reason="not-on-cpu", what="devices of the sharded parameters")
+        grads[label] = {clean(n): p.grad.to_local().detach() for n, p in model.named_parameters()}
+        seen[label] = {
+            "flags": [list(f) for f in sorted({(p.offload_to_cpu, p.pin_memory) for p in _fsdp2_params(model)})],
+            "devices": sorted({p.to_local().device.type for p in model.parameters()}),
+            "pinned": sorted({p.to_local().is_pinned() for p in model.parameters()}),
+            "grads_pinned": sorted({g.is_pinned() for g in grads[label].values()}),
+        }
+    want = {"offload": [[True, pin_memory]], "plain": [[False, False]]}
+    flags = {label: seen[label]["flags"] for label in seen}
+    require_equal(flags, want, reason="policy-not-applied", what="(offload_to_cpu, pin_memory) of every FSDPParam")
+    offload = seen["offload"]
+    require_equal(offload["devices"], ["cpu"], reason="not-on-cpu", what="devices of the sharded parameters")
+    pinned = {"parameters": offload["pinned"], "gradients": offload["grads_pinned"]}
+    want_pinned = {"parameters": [pin_memory], "gradients": [False]}  # on a cpu mesh no gradient is copied, so pinned
+    require_equal(pinned, want_pinned, reason="pinned", what="is_pinned() of the sharded parameters and gradients")
     for name, grad in grads["offload"].items():
-        require_same_tensor(grad, grads["plain"][name], reason="offloaded-grad-differs", what=f"{name} gradient")
-    return {"devices": devices, "pinned": pinned, "parameters": len(grads["offload"])}
+        require_same_tensor(grad, grads["plain"][name].cpu(), reason="offloaded-grad-differs", what=f"{name} gradient")
+    return {**offload, "parameters": len(grads["offload"])}
 
 
 # -- break-it recipes: this guide's behaviour bent on purpose (tests/break_it/ applies them) ------------------------
@@ -690,4 +862,54 @@ def double_offloaded_grads(original: Any, fsdp_params: Any, unsharded_grads: Any
 def never_pin(original: Any, fsdp_param: Any, *args: Any, **kwargs: Any) -> Any:
     """FSDP2 ``FSDPParam._init_sharded_param`` with pinning switched off."""
     fsdp_param.pin_memory = False
+    return original(fsdp_param, *args, **kwargs)
+
+
+def writeback_of_rank_0(original: Any, handle: Any, writeback_grad: bool) -> None:
+    """``_writeback_to_local_shard`` that first broadcasts rank 0's unsharded parameter (and gradient), as the
+    TODO in ``_validate_unshard_params_args`` proposes: rank 0's edits would then reach every shard."""
+    import torch.distributed as dist
+
+    dist.broadcast(handle.flat_param.data, src=0, group=handle.process_group)
+    if writeback_grad and handle.flat_param.grad is not None:
+        dist.broadcast(handle.flat_param.grad, src=0, group=handle.process_group)
+    original(handle, writeback_grad)
+
+
+def writeback_without_grads(original: Any, handle: Any, writeback_grad: bool) -> None:
+    """``_writeback_to_local_shard`` that never writes the gradient back."""
+    original(handle, False)
+
+
+def unshard_grad_of_own_shard_only(original: Any, handle: Any) -> None:
+    """``FlatParamHandle.unshard_grad`` whose unsharded gradient holds only this rank's shard: zeros elsewhere."""
+    original(handle)
+    lo = handle.flat_param._sharded_size.numel() * handle.rank
+    grad = handle.flat_param.grad
+    with torch.no_grad():
+        grad[:lo].zero_()
+        grad[lo + handle.flat_param._sharded_size.numel() :].zero_()
+
+
+def everyone_gets_full_params(original: Any, *args: Any, **kwargs: Any) -> Any:
+    """``_unshard_fsdp_state_params`` that ignores ``rank0_only``: every rank keeps the full parameters."""
+    kwargs["rank0_only"] = False
+    return original(*args, **kwargs)
+
+
+def allow_writeback_with_rank0_only(original: Any, state: Any, writeback: bool, rank0_only: bool, *rest: Any) -> None:
+    """``_validate_unshard_params_args`` that lets ``writeback=True`` through with ``rank0_only=True``."""
+    original(state, writeback and not rank0_only, rank0_only, *rest)
+
+
+def always_pin(original: Any, fsdp_param: Any, *args: Any, **kwargs: Any) -> Any:
+    """FSDP2 ``FSDPParam._init_sharded_param`` that pins an offloaded parameter whatever ``pin_memory`` says."""
+    fsdp_param.pin_memory = fsdp_param.offload_to_cpu
+    return original(fsdp_param, *args, **kwargs)
+
+
+def never_offload(original: Any, fsdp_param: Any, *args: Any, **kwargs: Any) -> Any:
+    """FSDP2 ``FSDPParam._init_sharded_param`` that drops the offload policy: the parameter stays on the compute
+    device, which on a cpu mesh is the CPU as well."""
+    fsdp_param.offload_to_cpu = fsdp_param.pin_memory = False
     return original(fsdp_param, *args, **kwargs)

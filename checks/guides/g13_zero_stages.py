@@ -312,16 +312,19 @@ def _peak_of(ctx: RankContext, strategy: str, backward_prefetch: str | None) -> 
 
 
 def shard_grad_op_peak(ctx: RankContext, backward_prefetch: str | None, held_blocks: int,
-                       other_bound: int) -> dict[str, Any]:  # fmt: skip
+                       temp_blocks: int) -> dict[str, Any]:  # fmt: skip
     """SHARD_GRAD_OP and FULL_SHARD hold the same bytes between steps; SHARD_GRAD_OP's unsharded peak is larger by
     exactly the blocks it keeps unsharded beyond the ``held_blocks`` FULL_SHARD holds at its peak (the root is
-    unsharded at both peaks); every other category's peak differs by at most ``other_bound`` bytes."""
+    unsharded at both peaks). Every other category's peak is the same, except torch's tracker's ``temp``, which may
+    differ by up to ``temp_blocks`` blocks' unsharded bytes (when a unit's gradient temporaries die is not
+    deterministic); the total peaks differ by the unsharded difference within that same bound."""
     units = _unsharded_unit_bytes(ctx.world_size)
     blocks = [units[b] for b in BLOCKS]
     expected = {
         "FULL_SHARD": units[ROOT] + sum(sorted(blocks, reverse=True)[:held_blocks]),
         "SHARD_GRAD_OP": units[ROOT] + sum(blocks),
     }
+    temp_bound = temp_blocks * units["blocks.0"]
     runs = {s: _peak_of(ctx, s, backward_prefetch) for s in expected}
     fs, sgo = runs["FULL_SHARD"], runs["SHARD_GRAD_OP"]
     for moment in ("before", "after"):
@@ -333,14 +336,14 @@ def shard_grad_op_peak(ctx: RankContext, backward_prefetch: str | None, held_blo
     difference = observed["SHARD_GRAD_OP"] - observed["FULL_SHARD"]
     others = {k: sgo["peak"].get(k, 0) - fs["peak"].get(k, 0) for k in sorted(set(sgo["peak"]) | set(fs["peak"]))
               if k not in ("unsharded", "total")}  # fmt: skip
-    worst = max((abs(v) for v in others.values()), default=0)
-    require(worst <= other_bound, "other-peaks-differ", f"peaks other than unsharded differ by up to {worst} bytes "
-            f"> {other_bound}: {others}", observed=others, bound=other_bound)  # fmt: skip
+    bounds = {k: temp_bound if k == "temp" else 0 for k in others}
+    beyond = {k: v for k, v in others.items() if abs(v) > bounds[k]}
+    require(not beyond, "other-peaks-differ", f"peaks other than unsharded differ beyond {bounds}: {beyond}",
+            observed=others, bound=temp_bound)  # fmt: skip
     total = sgo["peak"]["total"] - fs["peak"]["total"]
-    require(total > 0, "peak-not-higher", f"SHARD_GRAD_OP's total peak is not higher: {total}", observed=total)
-    require(abs(total - difference) <= other_bound, "total-peak-difference", f"total peaks differ by {total}, the "
-            f"unsharded peaks by {difference}: more than {other_bound} apart", observed=total, expected=difference,
-            bound=other_bound)  # fmt: skip
+    require(abs(total - difference) <= temp_bound, "total-peak-difference", f"total peaks differ by {total}, the "
+            f"unsharded peaks by {difference}: more than {temp_bound} apart", observed=total, expected=difference,
+            bound=temp_bound)  # fmt: skip
     return {
         "unsharded_peak": observed,
         "difference": difference,
@@ -428,3 +431,23 @@ def ddp_without_all_reduce(original: Any, self: Any, *args: Any, **kwargs: Any) 
         return done
 
     self.register_comm_hook(None, local_only)
+
+
+_EXTRA: list[torch.Tensor] = []
+EXTRA_TEMP_BYTES = 100_000  # between one block (64,080 bytes) and two (128,160): what the old bound let through
+
+
+def extra_temp_in_shard_grad_op(original: Any, state: Any, *args: Any, **kwargs: Any) -> Any:
+    """``_pre_backward_hook`` that, under SHARD_GRAD_OP, allocates a 100,000-byte temporary in the root's hook and
+    keeps it through backward (`drop_extra_temp` frees it): memory FULL_SHARD's run does not hold."""
+    from torch.distributed.fsdp import ShardingStrategy
+
+    if state._is_root and state.sharding_strategy == ShardingStrategy.SHARD_GRAD_OP and not _EXTRA:
+        _EXTRA.append(torch.ones(EXTRA_TEMP_BYTES // 4))
+    return original(state, *args, **kwargs)
+
+
+def drop_extra_temp(original: Any, *args: Any, **kwargs: Any) -> Any:
+    """``_post_backward_final_callback`` that frees `extra_temp_in_shard_grad_op`'s temporary first."""
+    _EXTRA.clear()
+    return original(*args, **kwargs)

@@ -13,6 +13,8 @@ others waiting in the next collective.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from fractions import Fraction
 from functools import partial
 from typing import Any
@@ -23,10 +25,12 @@ import torch.distributed as dist
 from checks.models import ring as model
 from checks.models.ring_draws import ITEMSIZE
 from checks.probes.comm import CommLog, record_comm
+from checks.ranks import tracing
 from checks.ranks.context import RankContext
+from checks.ranks.symbols import code_objects
 from checks.ring import naive, ring
 from checks.ring.inputs import expected_sum, rank_values
-from checks.ring.traffic import Traffic
+from checks.ring.traffic import StepRecord, Traffic
 from checks.violation import Violation, require, require_equal
 
 
@@ -152,14 +156,75 @@ def _check_steps(traffic: Traffic, comm: CommLog, numel: int) -> None:
     require_equal(sizes, [c] * model.ring_steps(n), reason="messages-differ", what=f"rank {rank}: sent messages")
 
 
+@contextmanager
+def posted_messages() -> Iterator[dict[str, list[torch.Tensor]]]:
+    """What this rank hands ``dist.isend``, copied when each send is posted, and the buffer each ``dist.irecv``
+    fills (read after the block, once every receive has completed), in call order: the messages themselves, read
+    where torch receives them, not the ring's own record of its steps."""
+    seen: dict[str, list[torch.Tensor]] = {"sent": [], "received": []}
+    (send_code,) = code_objects("torch.distributed.distributed_c10d:isend")
+    (recv_code,) = code_objects("torch.distributed.distributed_c10d:irecv")
+
+    def on_send(frame: Any) -> None:
+        seen["sent"].append(frame.f_locals["tensor"].detach().clone())
+
+    def on_recv(frame: Any) -> None:
+        seen["received"].append(frame.f_locals["tensor"])
+
+    with tracing.subscribed({send_code: on_send, recv_code: on_recv}) as subscription:
+        yield seen
+    if subscription.errors:
+        raise RuntimeError(f"the message recorder failed: {subscription.errors[0]!r}") from subscription.errors[0]
+
+
+def _check_dependency(seen: dict[str, list[torch.Tensor]], own: torch.Tensor, rank: int, n: int) -> list[str]:
+    """Each message this rank sent is what the model says it carries, given the message it received the step
+    before: step 0 its own chunk; reduce-scatter steps and the first all-gather step its own chunk plus the
+    previous message received (the partial sum it just completed); later all-gather steps the previous message
+    received, unchanged. So step j's send carries step j−1's receive: it cannot have been posted before that
+    receive arrived. ``own`` is this rank's padded input, rebuilt from its seed."""
+    sent, received = seen["sent"], seen["received"]
+    steps = model.schedule(rank, n)
+    lengths = {"sent": len(sent), "received": len(received)}
+    require_equal(lengths, dict.fromkeys(lengths, len(steps)), reason="steps-differ", what=f"rank {rank}: messages")
+    c = own.numel() // n
+    carries = []
+    for j, step in enumerate(steps):
+        chunk = own[step.send_chunk * c : (step.send_chunk + 1) * c]
+        if j == 0:
+            want, what = chunk, "its own chunk"
+        elif j <= n - 1:
+            want, what = chunk + received[j - 1], f"its own chunk + the message received at step {j - 1}"
+        else:
+            want, what = received[j - 1], f"the message received at step {j - 1}"
+        same = sent[j].dtype == want.dtype and torch.equal(sent[j], want)
+        require(same, "send-not-after-receive", f"rank {rank}: step {j} sent {sent[j][:4].tolist()}..., not {what} "
+                f"({want[:4].tolist()}...)", rank=rank, step=j, carries=what)  # fmt: skip
+        carries.append(what)
+    return carries
+
+
+def _check_wire(sent_by_rank: list[list[torch.Tensor]], received: list[torch.Tensor], rank: int) -> None:
+    """What this rank received at each step is what its left neighbour sent at that step."""
+    left = sent_by_rank[(rank - 1) % len(sent_by_rank)]
+    for j, (got, posted) in enumerate(zip(received, left, strict=True)):
+        require(torch.equal(got, posted), "wire-differs", f"rank {rank}: step {j} received not what the left "
+                "neighbour sent", rank=rank, step=j)  # fmt: skip
+
+
 def takes_2n_minus_1_steps(ctx: RankContext, numel: int) -> dict[str, Any]:
     """The ring takes exactly 2(N−1) steps, each one message each way of one chunk, on the model's schedule, and
-    every step's send is the chunk the previous step received (so no step can start before the one before it)."""
+    every step's send carries what the previous step received (`_check_dependency`, on the messages handed to
+    ``dist.isend`` and filled by ``dist.irecv``), so no step's send can be posted before the step before it has
+    arrived: one chain of 2(N−1) dependent messages, also across ranks (`_check_wire`)."""
     example = {"numel": numel, "dtype": "float32", "seed": 0}
     values = rank_values(example, ctx.rank)
-    with record_comm() as comm:
+    own = torch.nn.functional.pad(values.clone(), [0, model.padding_numel(numel, ctx.world_size)])
+    with record_comm() as comm, posted_messages() as seen:
         traffic = ring.ring_all_reduce(values)
     ctx.agreed(_check_steps, traffic, comm, numel)
+    carries = ctx.agreed(_check_dependency, seen, own, ctx.rank, ctx.world_size)
+    ctx.agreed(_check_wire, ctx.gather(seen["sent"]), seen["received"], ctx.rank)
     ctx.agreed(
         partial(_require_same, reason="wrong-sum", what="the sum"), values, expected_sum(example, ctx.world_size)
     )
@@ -169,6 +234,7 @@ def takes_2n_minus_1_steps(ctx: RankContext, numel: int) -> dict[str, Any]:
         "owned_chunk": traffic.steps[ctx.world_size - 2].recv_chunk,
         "messages_sent": traffic.messages_sent,
         "chunk_numel": traffic.chunk_numel,
+        "each_send_carries": carries,
     }
 
 
@@ -247,6 +313,25 @@ def send_the_next_chunk(original: Any, phase: str, rank: int, k: int, world_size
     if phase == ring.REDUCE_SCATTER:
         return (send + 1) % world_size, recv
     return send, recv
+
+
+def ring_of_independent_messages(original: Any, tensor: torch.Tensor) -> Traffic:
+    """``ring_all_reduce`` replaced by a ring that records the seed's schedule and sends one chunk each way per
+    step, but every message is the chunk as it was before any step ran: no send waits for a receive. Its sum comes
+    from ``dist.all_reduce``, so the sum, the steps it records and the messages' sizes are all right."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    numel = tensor.numel()
+    c = ring.chunk_size(numel, n)
+    traffic = Traffic(rank, n, chunk_numel=c, padding_numel=n * c - numel)
+    before = torch.zeros(n * c, dtype=tensor.dtype)
+    before[:numel].copy_(tensor.reshape(-1))
+    for phase in (ring.REDUCE_SCATTER, ring.ALL_GATHER):
+        for k in range(n - 1):
+            send, recv = ring.chunks_to_exchange(phase, rank, k, n)
+            ring.exchange(before[send * c : (send + 1) * c].clone(), torch.empty(c, dtype=tensor.dtype), traffic)
+            traffic.steps.append(StepRecord(phase, k, send, recv, c))
+    dist.all_reduce(tensor)
+    return traffic
 
 
 def one_element_more_per_chunk(original: Any, numel: int, world_size: int) -> int:

@@ -8,6 +8,7 @@ from checks.guides.g04_forward_prefetch import (
     forward_target_by_module_order,
     next_iter_forgetting_order,
     prefetch_two_ahead,
+    unshard_even_if_prefetched,
 )
 
 RU = "torch.distributed.fsdp._runtime_utils"
@@ -68,3 +69,38 @@ def test_prefetching_two_ahead_holds_the_wrong_unit(broken) -> None:
 def test_a_record_that_waits_for_next_iter_is_caught(broken) -> None:
     run = broken(wrapping(f"{EOD}.get_handle_to_forward_prefetch", forward_target_after_next_iter))
     assert (run.reason, run.details["forward"], run.details["observed"]) == ("prefetch-order", 2, [])
+
+
+WITHOUT_PREFETCH = [
+    "compute root 2", "compute blocks.2 3", "post-backward blocks.2 2", "compute blocks.1 3",
+    "post-backward blocks.1 2", "compute blocks.0 2", "post-backward blocks.0 1", "post-backward root 0",
+]  # fmt: skip
+
+
+@pytest.mark.breaks("04-forward-prefetch", "prefetch-reorders-backward")
+def test_views_made_again_at_each_units_own_pre_forward_restore_the_order(broken) -> None:
+    # The cause, removed: a prefetched unit's views are created anew by its own pre-forward, after the unit
+    # before it computed. Backward then runs in iteration 1's order, as without forward prefetch.
+    run = broken(wrapping(f"{RU}:_pre_forward_unshard", unshard_even_if_prefetched))
+    assert (run.reason, run.details["prefetch"]) == ("creation-order", "with")
+    assert run.details["observed"][:3] == ["views root", "views blocks.0", "output blocks.0"]
+
+
+@pytest.mark.breaks("04-forward-prefetch", "prefetch-reorders-backward")
+def test_a_prefetch_two_ahead_creates_views_in_another_order(broken) -> None:
+    run = broken(wrapping(f"{EOD}.get_handle_to_forward_prefetch", prefetch_two_ahead))
+    assert (run.reason, run.details["prefetch"]) == ("creation-order", "with")
+    assert run.details["observed"][1] == "views blocks.1"
+
+
+@pytest.mark.breaks("04-forward-prefetch", "prefetch-reorders-backward")
+def test_units_never_freed_in_backward_are_counted(broken) -> None:
+    run = broken(returning(f"{RU}:_should_free_in_backward", False))
+    assert (run.reason, run.details["prefetch"]) == ("units-alive", "with")
+    assert dict(run.details["observed"])["post-backward blocks.2"] == 4
+
+
+@pytest.mark.breaks("04-forward-prefetch", "prefetch-reorders-backward")
+def test_a_guide_table_without_the_reordering_fails(broken) -> None:
+    run = broken(with_prefetch=WITHOUT_PREFETCH)
+    assert (run.reason, run.details["prefetch"]) == ("table-differs-from-model", "with")

@@ -9,6 +9,7 @@ from checks.guides.g06_backward_prefetch import (
     candidate_always_needed,
     hold_pre_backward_prefetch,
     issue_held_prefetch,
+    keep_then_prefetch,
     next_iter_keeping_order,
     post_prefetch_after_reduce,
     pre_even_with_none,
@@ -58,6 +59,14 @@ def test_a_post_backward_prefetch_before_the_free_is_caught(broken) -> None:
     run = broken(wrapping(f"{RU}:_post_backward_reshard", prefetch_before_free))
     assert run.reason == "prefetch-before-free"
     assert run.details["issuer"] == "blocks.2" and run.details["prefetch"] < run.details["free"]
+
+
+@pytest.mark.breaks("06-backward-prefetch", "post-prefetches-after-free")
+def test_a_post_backward_that_never_frees_is_caught(broken) -> None:
+    """The old check read a missing free as tick 0, so "free before prefetch" held with no free at all: this
+    patch, which keeps every unit's unsharded parameters and prefetches all the same, passed it."""
+    run = broken(wrapping(f"{RU}:_post_backward_reshard", keep_then_prefetch))
+    assert (run.reason, run.details["kind"], run.details["unit"]) == ("missing-event", "free", "blocks.2")
 
 
 @pytest.mark.breaks("06-backward-prefetch", "post-prefetches-after-free")

@@ -5,11 +5,16 @@ import pytest
 
 from checks.breakit.patches import returning, skipping, wrapping
 from checks.guides.g08_post_backward_reduce_scatter import (
+    clip_twice_on_rank_1,
+    clip_without_all_reduce,
     defer_reduction,
     keep_reduced_dtype,
+    local_total_norm,
     overwrite_instead_of_accumulate,
     pad_a_chunk_more,
+    pad_with_ones,
     reduce_deferred,
+    reduce_first_two_swapped,
     reduce_in_fp32,
     reduce_scatter_twice,
     sum_not_mean,
@@ -20,13 +25,27 @@ RU = "torch.distributed.fsdp._runtime_utils"
 C10D = "torch.distributed.distributed_c10d"
 PREDIVIDE = "torch.distributed.algorithms._comm_hooks.default_hooks:DefaultState._get_gradient_predivide_factor"
 NO_REDUCE_SCATTER = skipping(f"{C10D}:reduce_scatter_single")
+FSDP1_CLIP = "torch.distributed.fsdp.fully_sharded_data_parallel:FullyShardedDataParallel.clip_grad_norm_"
+CLIP = "torch.nn.utils.clip_grad"
+LOCAL_CLIP = wrapping(FSDP1_CLIP, clip_without_all_reduce)
+LOCAL_NORM = wrapping(f"{CLIP}:_get_total_norm", local_total_norm)
 
 
 @pytest.mark.breaks("08-post-backward-reduce-scatter", "one-reduce-scatter-per-unit")
 def test_a_doubled_reduce_scatter_is_caught(broken) -> None:
     run = broken(wrapping(f"{C10D}:reduce_scatter_single", reduce_scatter_twice))
     assert run.reason == "reduce-scatters"
-    assert run.details["observed"] == [16020, 16020, 16020, 16020, 16020, 16020, 3528, 3528]
+    assert [entry.split()[1] for entry in run.details["observed"]] == ["16020"] * 6 + ["3528"] * 2
+    assert run.details["observed"][:2] == ["blocks.2 16020", "blocks.2 16020"]
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "one-reduce-scatter-per-unit")
+def test_two_blocks_reduced_in_swapped_order_are_caught(broken) -> None:
+    """The old check compared only sizes, and the three blocks are 16,020 elements each: blocks.1 reduced before
+    blocks.2 gave it the same list and passed. Attributed to their units, the reduce-scatters differ at the first."""
+    run = broken(wrapping(f"{RU}:_reduce_grad", reduce_first_two_swapped))
+    assert (run.reason, run.details["first"]) == ("reduce-scatters", 0)
+    assert run.details["observed"][:2] == ["blocks.1 16020", "blocks.2 16020"]
 
 
 @pytest.mark.breaks("08-post-backward-reduce-scatter", "one-reduce-scatter-per-unit")
@@ -48,6 +67,14 @@ def test_padding_beyond_a_multiple_of_n_is_caught(broken) -> None:
     run = broken(wrapping(f"{RU}:_get_reduce_scatter_tensors", pad_a_chunk_more))
     assert run.reason is None and run.error_types == {"builtins.RuntimeError"}
     assert all("the gradient and the tensor are the same size" in r.message for r in run.failed)
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "toy-reduce-scatter-pads-at-4")
+def test_padding_with_ones_is_caught(broken) -> None:
+    """The old check compared only lengths (32 in, 8 per rank), which padding with ones keeps: it passed. The
+    reduce-scatter's input, read where torch hands it over, holds the 1s, halved by the pre-divide."""
+    run = broken(wrapping(f"{RU}:_get_reduce_scatter_tensors", pad_with_ones))
+    assert (run.reason, run.details["unit"], run.details["padding"]) == ("padding-not-zero", "root", [0.5, 0.5])
 
 
 @pytest.mark.breaks("08-post-backward-reduce-scatter", "reduce-scatter-in-post-backward")
@@ -104,6 +131,15 @@ def test_a_predivide_of_one_is_caught(broken) -> None:
     assert (run.details["observed"], run.details["expected"]) == ({"pre": 1.0, "post": 2.0}, {"pre": 2.0, "post": 1.0})
 
 
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "divide-factors")
+def test_a_division_that_never_happens_is_caught(broken) -> None:
+    """The old check read the factors FSDP stores on each unit, and `_div_if_needed` doing nothing leaves them
+    (2, 1): it passed. Observed on the data, the reduce-scatter's input is the gradient undivided."""
+    run = broken(wrapping(f"{RU}:_div_if_needed", sum_not_mean))
+    assert run.reason == "divide-factors"
+    assert (run.details["observed"], run.details["expected"]) == ({"pre": 1.0, "post": 1.0}, {"pre": 2.0, "post": 1.0})
+
+
 @pytest.mark.breaks("08-post-backward-reduce-scatter", "divide-factors-at-4")
 def test_a_predivide_of_one_is_caught_on_4_ranks(broken) -> None:
     run = broken(returning(PREDIVIDE, 1.0))
@@ -130,3 +166,44 @@ def test_a_gradient_left_in_bf16_is_caught(broken) -> None:
     run = broken(wrapping(f"{RU}:_cast_grad_to_param_dtype", keep_reduced_dtype))
     assert run.reason is None and run.error_types == {"builtins.RuntimeError"}
     assert all("attempting to assign a gradient with dtype 'c10::BFloat16'" in r.message for r in run.failed)
+
+
+# -- clip_grad_norm_ -------------------------------------------------------------------------------------------------
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "fsdp1-clip-grad-norm")
+def test_a_clip_by_each_ranks_own_norm_is_caught(broken) -> None:
+    run = broken(LOCAL_CLIP)
+    assert run.reason == "norm-differs"
+    assert run.details["observed"] < run.details["expected"]  # one shard's norm, not the whole model's
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "fsdp1-clip-grad-norm")
+def test_a_shard_scaled_twice_is_caught(broken) -> None:
+    run = broken(wrapping(FSDP1_CLIP, clip_twice_on_rank_1))
+    assert (run.reason, run.details["failed_rank"], run.details["rank"]) == ("not-one-factor", 1, 1)
+    assert run.details["observed"]  # the parameters with elements on rank 1, scaled twice
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "fsdp1-clip-grad-norm-at-4")
+def test_a_clip_by_each_ranks_own_norm_is_caught_on_4_ranks(broken) -> None:
+    run = broken(LOCAL_CLIP)
+    assert run.reason == "norm-differs"
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "fsdp2-clip-grad-norm")
+def test_a_dtensor_norm_of_local_shards_is_caught(broken) -> None:
+    run = broken(LOCAL_NORM)
+    assert run.reason == "norm-differs"
+    assert run.details["observed"] < run.details["expected"]
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "fsdp2-clip-grad-norm")
+def test_gradients_left_unscaled_are_caught(broken) -> None:
+    run = broken(skipping(f"{CLIP}:_clip_grads_with_norm_"))
+    assert run.reason == "not-one-factor"
+    assert len(run.details["observed"]) == 40  # every parameter of mini_gpt tiny
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "fsdp2-clip-grad-norm-at-4")
+def test_a_dtensor_norm_of_local_shards_is_caught_on_4_ranks(broken) -> None:
+    run = broken(LOCAL_NORM)
+    assert run.reason == "norm-differs"

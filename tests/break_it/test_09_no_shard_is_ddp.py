@@ -7,6 +7,7 @@ from checks.guides.g09_no_shard_is_ddp import (
     REDUCER,
     divide_for_the_shard_group_only,
     flatten_as_if_alone,
+    init_core_state_naming_the_def_line,
     init_core_state_silently,
     init_core_state_with_user_warnings,
     init_core_state_without_clamp,
@@ -153,6 +154,17 @@ def test_the_quoted_text_is_checked(broken) -> None:
     assert len(run.details["warnings"]) == 4
 
 
+@pytest.mark.breaks("09-no-shard-is-ddp", "deprecation-warning")
+def test_a_deprecation_naming_the_wrong_line_is_caught(broken) -> None:
+    """Each warning names `fsdp1_gpt`'s `def` line instead of the line that built the unit: the right file, which
+    is all the old check compared, so it passed."""
+    run = broken(wrapping(f"{IU}:_init_core_state", init_core_state_naming_the_def_line))
+    assert run.reason == "warning-location"
+    observed, expected = run.details["observed"], run.details["expected"]
+    assert len(set(observed)) == 1 and len(set(expected)) == 2 and len(expected) == 4
+    assert {site.split(":")[0] for site in observed + expected} == {"gpt.py"}
+
+
 # -- one-rank-group-clamps ---------------------------------------------------------------------------------------
 @pytest.mark.breaks("09-no-shard-is-ddp", "one-rank-group-clamps")
 def test_no_clamp_is_caught(broken) -> None:
@@ -164,6 +176,17 @@ def test_no_clamp_is_caught(broken) -> None:
 def test_a_silent_clamp_is_caught(broken) -> None:
     run = broken(wrapping(f"{IU}:_init_core_state", init_core_state_silently))
     assert (run.reason, run.details["observed"]) == ("no-clamp-warning", 0)
+
+
+@pytest.mark.breaks("09-no-shard-is-ddp", "one-rank-group-clamps")
+def test_a_clamp_warning_naming_the_wrong_line_is_caught(broken) -> None:
+    """The clamp warning names `FullyShardedDataParallel.__init__`'s `def` line, not the line that calls
+    `_init_core_state`: still torch's own file, so the old check, which compared file names, passed."""
+    run = broken(wrapping(f"{IU}:_init_core_state", init_core_state_naming_the_def_line))
+    assert run.reason == "warning-location"
+    observed, expected = run.details["observed"], run.details["expected"]
+    assert len(observed) == len(expected) == 4 and observed != expected
+    assert {site.split(":")[0] for site in observed + expected} == {"fully_sharded_data_parallel.py"}
 
 
 # -- hybrid-shard-of-one-never-syncs -----------------------------------------------------------------------------

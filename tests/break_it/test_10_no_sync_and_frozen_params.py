@@ -5,16 +5,21 @@ the catch-all or never resharded."""
 import pytest
 
 from checks.breakit.patches import returning, skipping, wrapping
+from checks.guides.g06_backward_prefetch import prefetch_two_back
+from checks.guides.g08_post_backward_reduce_scatter import reduce_first_two_swapped
 from checks.guides.g10_no_sync_and_frozen_params import (
     catch_all_freeing_silently,
     forget_unsharded_grad,
+    frozen_gets_grad_views,
     hold_reshard_only,
     reduce_anyway,
+    zero_frozen_gradients,
 )
 
 GUIDE = "10-no-sync-and-frozen-params"
 RU = "torch.distributed.fsdp._runtime_utils"
 FP = "torch.distributed.fsdp._flat_param"
+EOD = "torch.distributed.fsdp._exec_order_utils:_ExecOrderData"
 C10D = "torch.distributed.distributed_c10d"
 REDUCE_ANYWAY = wrapping(f"{RU}:_post_backward_hook", reduce_anyway)
 
@@ -67,7 +72,24 @@ def test_a_reduction_inside_no_sync_shows_in_the_backward_order(broken) -> None:
 def test_reduce_scatters_inside_no_sync_are_caught(broken) -> None:
     run = broken(REDUCE_ANYWAY)
     assert run.reason == "no-sync-reduce-scatter"
-    assert run.details["observed"] == [16020, 16020, 16020, 3528]
+    assert run.details["observed"] == ["blocks.2 16020", "blocks.1 16020", "blocks.0 16020", "root 3528"]
+
+
+@pytest.mark.breaks("10-no-sync-and-frozen-params", "no-sync-reduces-nothing")
+def test_backward_all_gathers_in_another_order_are_caught(broken) -> None:
+    """Prefetching two units back all-gathers blocks.1, blocks.2, blocks.0 in backward: three 16,020-element
+    all-gathers, the sizes the old check compared, so it passed. Named by unit, the order differs."""
+    run = broken(wrapping(f"{EOD}.get_handle_to_backward_prefetch", prefetch_two_back))
+    assert (run.reason, run.details["first"]) == ("no-sync-backward-all-gather", 0)
+    assert run.details["observed"] == ["blocks.1 16020", "blocks.2 16020", "blocks.0 16020"]
+
+
+@pytest.mark.breaks("10-no-sync-and-frozen-params", "no-sync-reduces-nothing")
+def test_the_synced_steps_reduce_scatters_in_another_order_are_caught(broken) -> None:
+    """blocks.1 reduced before blocks.2 in the synced step: the same four sizes, which the old check compared."""
+    run = broken(wrapping(f"{RU}:_reduce_grad", reduce_first_two_swapped))
+    assert (run.reason, run.details["first"]) == ("sync-reduce-scatter", 0)
+    assert run.details["observed"][:2] == ["blocks.1 16020", "blocks.2 16020"]
 
 
 @pytest.mark.breaks("10-no-sync-and-frozen-params", "no-sync-reduces-nothing")
@@ -152,3 +174,17 @@ def test_a_frozen_root_resharded_without_freeing_is_caught(broken) -> None:
     run = broken(returning(f"{RU}:_should_free_in_backward", False))
     assert run.reason == "frozen-timing"
     assert run.details["observed"][-2:] == ["final_callback root", "reshard root"]
+
+
+@pytest.mark.breaks("10-no-sync-and-frozen-params", "frozen-parameter-gets-no-grad")
+def test_a_frozen_parameter_given_a_gradient_is_caught(broken) -> None:
+    run = broken(wrapping(f"{FP}:FlatParamHandle._use_sharded_grad_views", frozen_gets_grad_views))
+    assert run.reason == "frozen-has-grad"
+    assert run.details["observed"][0] == "after backward 1"
+
+
+@pytest.mark.breaks("10-no-sync-and-frozen-params", "frozen-parameter-gets-no-grad")
+def test_a_frozen_parameters_gradient_left_uncomputed_is_caught(broken) -> None:
+    # Zeroing the frozen region changes no parameter (nobody reads it): only the flat gradient shows it.
+    run = broken(wrapping(f"{RU}:_reduce_grad", zero_frozen_gradients))
+    assert run.reason == "flat-grad-differs"

@@ -11,15 +11,22 @@ from packaging.version import Version
 from checks.breakit.patches import replacing, set_to, skipping, wrapping
 from checks.guides.g12_flat_parameter import (
     aligned_off_by_one,
+    allow_writeback_with_rank0_only,
+    always_pin,
     double_offloaded_grads,
+    everyone_gets_full_params,
     flattened_backwards,
     gather_off_by_one,
+    never_offload,
     never_pin,
     no_grad_division,
     pins_nothing,
     shard_offsets_off_by_one,
     to_cpu_as_in_2_14_1,
+    unshard_grad_of_own_shard_only,
     views_of_a_rolled_copy,
+    writeback_of_rank_0,
+    writeback_without_grads,
     zero_padding,
 )
 from checks.models.flat_param_draws import total_numel
@@ -28,6 +35,7 @@ from checks.ranks.protocol import CheckRequest
 FP = "torch.distributed.fsdp._flat_param"
 RU = "torch.distributed.fsdp._runtime_utils"
 F2 = "torch.distributed.fsdp._fully_shard"
+UP = "torch.distributed.fsdp._unshard_param_utils"
 ALIGN_OFF = wrapping(f"{FP}:_get_aligned_numel", aligned_off_by_one)
 ZERO_PADDING = wrapping(f"{FP}:_construct_padding_tensor", zero_padding)
 FIX_TO_CPU = replacing(f"{FP}:FlatParamHandle.to_cpu", to_cpu_as_in_2_14_1)
@@ -188,6 +196,77 @@ def test_the_no_op_claim_holds_with_2_14_1_s_to_cpu(pool) -> None:
 def test_an_offload_that_changes_gradients_is_caught(broken) -> None:
     run = broken(wrapping(f"{F2}._fsdp_collectives:foreach_reduce", double_offloaded_grads))
     assert run.reason == "offloaded-grad-differs"
+
+
+# -- summon_full_params' arguments -----------------------------------------------------------------------------------
+@pytest.mark.breaks("12-flat-parameter", "summon-writeback-keeps-local-part")
+def test_a_writeback_that_writes_nothing_is_caught(broken) -> None:
+    run = broken(skipping(f"{UP}:_writeback_to_local_shard"))
+    assert run.reason == "local-shard-differs"
+    assert run.details["observed_value"] + 1 == run.details["expected_value"]
+
+
+@pytest.mark.breaks("12-flat-parameter", "summon-writeback-keeps-local-part")
+def test_a_writeback_that_spreads_rank_0s_edit_is_caught(broken) -> None:
+    # What the TODO in `_validate_unshard_params_args` proposes: rank 0 broadcasts its parameters first. Its edit
+    # then reaches rank 1's shard, which moves twice.
+    run = broken(wrapping(f"{UP}:_writeback_to_local_shard", writeback_of_rank_0))
+    assert (run.reason, run.details["failed_rank"]) == ("local-shard-differs", 1)
+    assert run.details["observed_value"] - 1 == run.details["expected_value"]
+
+
+@pytest.mark.breaks("12-flat-parameter", "summon-writeback-with-grads")
+def test_a_gradient_gathered_from_one_shard_is_caught(broken) -> None:
+    run = broken(wrapping(f"{FP}:FlatParamHandle.unshard_grad", unshard_grad_of_own_shard_only))
+    assert run.reason == "unsharded-grad-differs"
+    assert run.details["observed_value"] == 0 != run.details["expected_value"]
+
+
+@pytest.mark.breaks("12-flat-parameter", "summon-writeback-with-grads")
+def test_a_writeback_that_drops_the_gradients_is_caught(broken) -> None:
+    run = broken(wrapping(f"{UP}:_writeback_to_local_shard", writeback_without_grads))
+    assert run.reason == "local-grad-differs"
+    assert run.details["observed_value"] + 1 == run.details["expected_value"]
+
+
+@pytest.mark.breaks("12-flat-parameter", "summon-rank0-only")
+def test_rank0_only_that_unshards_everywhere_is_caught(broken) -> None:
+    run = broken(wrapping(f"{UP}:_unshard_fsdp_state_params", everyone_gets_full_params))
+    assert (run.reason, run.details["failed_rank"]) == ("other-rank-unsharded", 1)
+    assert run.details["observed"]["shapes"]["w0"] == [2, 5] and run.details["expected"]["shapes"]["w0"] == [0]
+
+
+@pytest.mark.breaks("12-flat-parameter", "summon-rank0-only")
+def test_writeback_with_rank0_only_allowed_is_caught(broken) -> None:
+    run = broken(wrapping(f"{UP}:_validate_unshard_params_args", allow_writeback_with_rank0_only))
+    assert run.reason == "writeback-rank0-only-allowed"
+    assert run.details["observed"]["raised"] == ""
+
+
+@pytest.mark.breaks("12-flat-parameter", "fsdp2-offload-unpinned-runs")
+def test_an_offload_policy_that_never_reaches_the_parameters_is_caught(broken) -> None:
+    """On a cpu mesh a parameter that is not offloaded is on the CPU too, and its gradients are the same: the old
+    check, which compared devices and gradients, passed. The FSDPParams' flags show the policy was dropped."""
+    run = broken(wrapping(f"{F2}._fsdp_param:FSDPParam._init_sharded_param", never_offload))
+    assert run.reason == "policy-not-applied"
+    assert (run.details["observed"]["offload"], run.details["expected"]["offload"]) == (
+        [[False, False]],
+        [[True, False]],
+    )
+
+
+@pytest.mark.breaks("12-flat-parameter", "fsdp2-offload-unpinned-runs")
+def test_pinning_despite_pin_memory_false_is_caught(broken) -> None:
+    """The old check computed whether the parameters were pinned and never compared it. Pinning needs an
+    accelerator: where one exists the check now finds the pinned parameters; without one torch itself raises
+    while pinning, which fails the claim before any comparison."""
+    run = broken(wrapping(f"{F2}._fsdp_param:FSDPParam._init_sharded_param", always_pin))
+    if torch.accelerator.is_available():
+        assert run.reason == "pinned"
+        assert run.details["observed"]["parameters"] == [True]
+    else:
+        assert run.reason is None and run.error_types == {"builtins.RuntimeError"}
+        assert all("accelerator" in r.message or "NVIDIA driver" in r.message for r in run.failed)
 
 
 @pytest.mark.breaks("12-flat-parameter", "fsdp2-offload-pinned-fails")

@@ -3,9 +3,16 @@
 import pytest
 
 from checks.breakit.patches import replacing, returning, set_to, skipping, wrapping
-from checks.guides.g13_zero_stages import ddp_without_all_reduce, neighbours_range
+from checks.guides.g13_zero_stages import (
+    EXTRA_TEMP_BYTES,
+    ddp_without_all_reduce,
+    drop_extra_temp,
+    extra_temp_in_shard_grad_op,
+    neighbours_range,
+)
 
 ZRO = "torch.distributed.optim.zero_redundancy_optimizer:ZeroRedundancyOptimizer"
+RU = "torch.distributed.fsdp._runtime_utils"
 # A ZeRO-2 that forgets to free: each parameter's full gradient is kept after its group is reduced.
 KEEPS_GRADIENTS = skipping("checks.zero.zero2:Zero2._release")
 # Each rank takes its neighbour's slice: the reduced shard lands in, and AdamW updates, a slice it does not own.
@@ -73,6 +80,18 @@ def test_full_shards_peak_is_one_block_without_prefetch(broken) -> None:
     run = broken(held_blocks=2)
     assert run.reason == "unsharded-peak"
     assert (run.details["observed"]["FULL_SHARD"], run.details["expected"]["FULL_SHARD"]) == (78192, 142272)
+
+
+@pytest.mark.breaks("13-zero-stages", "shard-grad-op-peak")
+def test_an_extra_temporary_in_shard_grad_op_is_caught(broken) -> None:
+    """100,000 bytes more held through SHARD_GRAD_OP's backward: its temp and total peaks grow by that much. The old
+    check allowed two blocks (128,160 bytes) for every category and for the total, so it passed."""
+    run = broken(
+        wrapping(f"{RU}:_pre_backward_hook", extra_temp_in_shard_grad_op),
+        wrapping(f"{RU}:_post_backward_final_callback", drop_extra_temp),
+    )
+    assert (run.reason, run.details["bound"]) == ("other-peaks-differ", 64080)
+    assert run.details["observed"]["temp"] == EXTRA_TEMP_BYTES
 
 
 @pytest.mark.breaks("13-zero-stages", "shard-grad-op-peak-backward-pre")

@@ -10,6 +10,7 @@ from checks.breakit.patches import wrapping
 from checks.guides.g14_ring_all_reduce import (
     naive_is_the_ring,
     one_element_more_per_chunk,
+    ring_of_independent_messages,
     send_the_next_chunk,
     skip_first_all_gather_step,
     skip_last_reduce_scatter_step,
@@ -86,6 +87,17 @@ def test_a_ring_that_sends_a_wrong_chunk_breaks_the_schedule(broken) -> None:
     run = broken(WRONG_CHUNK)
     assert run.reason == "schedule-differs"
     assert run.details["observed"][0][2] == (run.details["expected"][0][2] + 1) % 4
+
+
+@pytest.mark.breaks("14-ring-all-reduce", "takes-2n-minus-1-steps-at-4")
+def test_a_ring_whose_sends_wait_for_nothing_is_caught(broken) -> None:
+    """Every message is the chunk as it was before any step, and the sum comes from `dist.all_reduce`. The old
+    check compared the ring's own record of its steps with the model's schedule (the same formula twice), the
+    messages' sizes and the sum: all right here, so it passed. The messages themselves do not carry the step
+    before: the first reduce-scatter step already sends its bare chunk."""
+    run = broken(wrapping(f"{RING}:ring_all_reduce", ring_of_independent_messages))
+    assert (run.reason, run.details["step"]) == ("send-not-after-receive", 1)
+    assert run.details["carries"] == "its own chunk + the message received at step 0"
 
 
 # -- (4) the naive all-reduce ----------------------------------------------------------------------------------------
