@@ -55,6 +55,7 @@ _NOT_FIGURES = [
     re.compile(r"\]\([^)]*\)"),  # a link's target (its text stays)
     re.compile(r"\S+\.(?:py|md|toml|lock)(?::\d+(?:[-–]\d+)?)?"),  # files and file:line citations
     re.compile(r"\b[\w./-]*#\d+\b"),  # pytorch#154888, verl#7493, #123
+    re.compile(r"\bPEP \d+\b"),  # PEP 440: a document, not a figure
     re.compile(r"\bguides? \d\d(?:(?:, | and | or |[-–])\d\d)*\b", re.IGNORECASE),
     re.compile(r"\b(?:torch |pytorch |python |cp)?\d+\.\d+\.\d+\w*"),  # versions: 2.13.0, 2.14.1
     re.compile(r"\b(?:torch|pytorch|PyTorch|python|Python) ?\d+\.\d+\b"),  # torch 2.13

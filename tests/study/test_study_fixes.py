@@ -242,10 +242,11 @@ def test_a_wrong_order_answer_says_what_is_missing_and_what_is_extra(data_dir: P
         'reversed-order = "root → blocks.2"\n'
         'held-during-blocks-1 = "ROOT, blocks.2, blocks.1"\n'  # the same items in another order
         'eval-loop-prefetch = "root->blocks.0, blocks.0->blocks.1, blocks.1->blocks.2"\n'
+        'alive-at-blocks-1-backward = "1"\n'
     )
     code, out = run(["predict", "04-forward-prefetch", "--no-run", "--answers", str(answers(tmp_path, text))])
     assert code == 0, out
     flat = " ".join(out.split())
     assert "missing: root -> blocks.0; not in the answer: root → blocks.2" in flat
     assert "the same items, in another order" in flat
-    assert "score: 1/3 on 04-forward-prefetch" in flat  # the third, in its own arrows and spacing, is right
+    assert "score: 1/4 on 04-forward-prefetch" in flat  # the third, in its own arrows and spacing, is right
