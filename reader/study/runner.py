@@ -16,7 +16,7 @@ from rich.console import Console
 
 from checks.ranks.protocol import CheckRequest, CheckRun
 from reader.claims.progress import Progress, ProgressError
-from reader.claims.verdict import ClaimVerdict, decide
+from reader.claims.verdict import ClaimVerdict, decide, gpu_skip
 from reader.format.guide import ClaimSpec, Guide
 from reader.study.session import BROKEN, CLEAN, DRIFT, Session, display, open_session
 
@@ -146,7 +146,7 @@ def refused_view(guide: Guide, claim_id: str, view: str, console: Console) -> in
     """BROKEN (with the claims of the guide whose runs it can draw) when ``claim_id`` does not declare ``view``:
     said at once, before anything runs. None when it does."""
     claim = guide.claim(claim_id)
-    if view in claim.views:
+    if view in claim.views or gpu_skip(claim) is not None:  # a GPU claim is skipped here, as pytest skips it
         return None
     able = [c.id for c in guide.claims if view in c.views]
     where = f"the claims of {guide.id} it can draw: {', '.join(able)}" if able else f"no claim of {guide.id} has one"
