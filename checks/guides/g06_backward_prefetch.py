@@ -306,14 +306,15 @@ def _unit_counts(nbytes: int, sizes: dict[str, int]) -> set[int]:
             == nbytes}  # fmt: skip
 
 
-def units_alive(ctx: RankContext, stated: list[str], peaks: list[str]) -> dict[str, dict[str, int]]:
+def units_alive(ctx: RankContext, stated: list[str], peaks: list[str]) -> dict[str, Any]:
     """Unsharded units alive at each unit's backward compute start and after each post-backward hook, by mode: the
     bytes of the ``unsharded`` category over the layout model's padded unit sizes must be whole units, as many as
     the guide's table says; the peak bytes are the guide's."""
     header, table = _table(stated)
     stated_peaks = {line.split()[0]: int(line.split()[1]) for line in peaks}
     sizes = {unit: 4 * numel for unit, numel in padded_sizes(ctx.world_size, element_bytes=4).items()}
-    observed: dict[str, dict[str, int]] = {}
+    observed: dict[str, Any] = {}
+    series: dict[str, Any] = {}
     for mode in MODES:
         model = _build(ctx, "gpt", mode)
         marks = ComputeMarks(model)
@@ -338,8 +339,9 @@ def units_alive(ctx: RankContext, stated: list[str], peaks: list[str]) -> dict[s
         what = f"{label(mode)}: peak unsharded bytes"
         require_equal(peak, stated_peaks[label(mode)], reason="peak-bytes", what=what, mode=label(mode))
         observed[label(mode)] = {**counts, "peak bytes": peak}
+        series[label(mode)] = recorder.series.points  # `fsdp-readings memory 06-backward-prefetch units-alive`
     require_equal(header, [label(m) for m in MODES], reason="table-header", what="the table's modes")
-    return observed
+    return {**observed, "series": series}
 
 
 def collective_order(ctx: RankContext, stated: list[str]) -> dict[str, str]:

@@ -188,7 +188,11 @@ def memory_per_rank(ctx: RankContext, precision: str = "fp32", impls: list[str] 
         padding[impl] = want.padding_bytes()
         del trained
     totals = {impl: sum(m.values()) for impl, m in measured.items()}
+    # `fsdp-readings memory 13-zero-stages ...`: one bar per implementation (the master copy drawn with optim).
+    bars = [(impl, {"params": m["params"], "grads": m["grads"], "optim": m["optim"] + m["master"]})
+            for impl, m in measured.items()]  # fmt: skip
     return {
+        "series": {f"bytes per rank after a step ({precision})": bars},
         "bytes": measured,
         "totals": totals,
         "padding": padding,

@@ -17,6 +17,7 @@ from torch import nn
 from checks.models.fsdp2_prefetch import all_gathers, all_gathers_by_formula, lookahead, prefetches, step_sequence
 from checks.naming import ROOT, unit_name
 from checks.probes import assert_sequence, record_comm, record_events
+from checks.probes.memory_series import record_forward_memory
 from checks.ranks.context import RankContext
 from checks.violation import Violation, require_equal
 from checks.workloads import toy
@@ -106,12 +107,18 @@ def run_step(
         backward_targets=backward_targets, no_input_grad=NO_INPUT_GRAD[workload],
     )  # fmt: skip
     where = {"workload": workload, "reshard_after_forward": str(reshard), "step": step}
-    with record_events(model, label=label or f"step {step}, forward {', '.join(forward)}") as events:
+    units = {unit: module for unit, module in _modules(model, workload).items() if unit != ROOT}
+    with (
+        record_events(model, label=label or f"step {step}, forward {', '.join(forward)}") as events,
+        record_forward_memory(model, units) as memory,
+    ):
         with record_comm() as forward_comm:
             loss = _loss(ctx, workload, model)
+        memory.mark("after forward")
         order = torch_post_forward_order(model)
         with record_comm() as backward_comm:
             loss.backward()
+        memory.mark("after backward")
     what = f"{workload}, reshard_after_forward={reshard}, step {step}: torch's post-forward order"
     require_equal(order, [*forward, ROOT], reason="post-forward-order", what=what, **where)
     gathers = {
@@ -119,7 +126,7 @@ def run_step(
         "backward": sum(c.op == "all_gather" for c in backward_comm),
     }
     return {"sequence": _events(events), "post_forward": order, "all_gathers": gathers, "expected": expected,
-            "where": where}  # fmt: skip
+            "where": where, "memory": memory.series.points}  # fmt: skip
 
 
 def matches_model(step: dict[str, Any]) -> None:
@@ -182,6 +189,7 @@ def explicit_forward_prefetch(ctx: RankContext, stated: list[str]) -> dict[str, 
     the forward prefetches are the guide's table, and the step is the model's."""
     want = {line.split()[0]: line.split()[1:] for line in stated}
     out: dict[str, Any] = {}
+    series: dict[str, Any] = {}
     for k in (1, 2):
         targets = lookahead(BLOCKS, ROOT, k, "forward")
         modelled = prefetches(step_sequence(BLOCKS, ROOT, forward_targets=targets), phase="forward")
@@ -193,7 +201,8 @@ def explicit_forward_prefetch(ctx: RankContext, stated: list[str]) -> dict[str, 
                       lookahead=k)  # fmt: skip
         matches_model(step)
         out[f"lookahead {k}"] = {"targets": targets, "forward_prefetches": fetched}
-    return out
+        series[f"lookahead {k}"] = step["memory"]  # `fsdp-readings memory`: a deeper lookahead holds more
+    return {**out, "series": series}
 
 
 BACKWARD_CASES = {

@@ -235,7 +235,11 @@ def reshard_cost(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
         out[label] = {"held": seen["held"], "peak": seen["peak"], "ring_step": int(sum(observed_ring.values())),
                       "states": seen["states"], "registered": seen["registered"],
                       "all_gathers": seen["all_gathers"]}  # fmt: skip
-    return out
+    # `fsdp-readings memory 18-...`: per setting, the unsharded bytes held after forward and at the step's peak.
+    series = {label: [("held after forward", {"unsharded": seen["held"]}), ("peak of the step",
+                                                                          {"unsharded": seen["peak"]})]
+              for label, seen in out.items()}  # fmt: skip
+    return {**out, "series": series}
 
 
 def int_at_four(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
@@ -244,6 +248,8 @@ def int_at_four(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
     bytes held and sent are the model's and the table's (the costs of `reshard_cost`)."""
     out = reshard_cost(ctx, stated)
     for label, seen in out.items():
+        if label == "series":  # the memory view's, not a setting
+            continue
         setting = _setting(label)
         want = modelled_settings(setting, ctx.world_size)
         where = {"setting": label}

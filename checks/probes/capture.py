@@ -23,6 +23,7 @@ from functools import cache
 from typing import Any
 
 _collected: list[Any] | None = None
+_recorded: set[str] = set()  # the kinds of recording finished since `recorded_since_reset` last asked
 
 
 def active() -> bool:
@@ -42,9 +43,23 @@ def collecting() -> Iterator[list[Any]]:
 
 
 def add(log: Any) -> None:
-    """A finished recording: kept when a check is captured, ignored otherwise."""
+    """A finished recording: kept when a check is captured, ignored otherwise; its kind (``events``, ``comm``) is
+    noted either way, so a rank can say which views a check's run can draw (`recorded_since_reset`)."""
+    _recorded.add(kind_of(log))
     if _collected is not None:
         _collected.append(log)
+
+
+def kind_of(log: Any) -> str:
+    """``events`` for an FSDP event log, ``comm`` for a collective log (duck-typed: no probe imports here)."""
+    return "events" if hasattr(log, "events") else "comm" if hasattr(log, "records") else type(log).__name__
+
+
+def recorded_since_reset() -> frozenset[str]:
+    """The kinds of recording finished since the last call (which starts the next count)."""
+    found = frozenset(_recorded)
+    _recorded.clear()
+    return found
 
 
 @cache

@@ -77,3 +77,21 @@ def record_memory_series(model: nn.Module, optim: torch.optim.Optimizer | None =
         yield recorder
     if subscription.errors:
         raise RuntimeError(f"the memory series recorder failed: {subscription.errors[0]!r}") from subscription.errors[0]
+
+
+@contextmanager
+def record_forward_memory(model: nn.Module, units: dict[str, nn.Module]) -> Iterator[Any]:
+    """A memory series for any sharding (FSDP2 included): a snapshot after each of ``units`` (name → module)
+    finishes its forward, taken by a forward hook registered now, so it runs after the unit's own post-forward
+    (FSDP2's reshard, or the prefetches it issued). Yields the recorder: ``.mark(moment)``, ``.series``."""
+    series = MemorySeries(rank=dist.get_rank() if dist.is_initialized() else 0)
+    recorder = _Series(model, None, series)
+    handles = [
+        module.register_forward_hook(lambda *_, name=name: recorder.mark(f"forward {name}"))
+        for name, module in units.items()
+    ]
+    try:
+        yield recorder
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import sys
 import time
 import traceback
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ def execute(request: CheckRequest, ctx: RankContext) -> RankResult:
     started = time.perf_counter()
     executed: set[str] = set()
     captured: list[Any] = []
+    _recorded()  # start the count: what an earlier check recorded is not this one's
     try:
         isolation.reseed(request.seed)
         check = load(request.target)
@@ -49,6 +51,7 @@ def execute(request: CheckRequest, ctx: RankContext) -> RankResult:
     except Exception as exc:  # cleanup failing means the next check cannot trust this rank
         result = _failed(ctx.rank, exc, prefix="cleanup after the check failed:\n")
     result.executed = frozenset(executed)
+    result.recorded = _recorded()
     result.captured = [_sendable(log) for log in captured]  # a failed check's logs too: they show how far it got
     result.duration = time.perf_counter() - started
     return result
@@ -65,6 +68,12 @@ def _capturing(on: bool) -> Iterator[list[Any]]:
 
     with capture.collecting() as logs:
         yield logs
+
+
+def _recorded() -> frozenset[str]:
+    """The kinds of probe recording finished since the last call (none when no probe module was ever loaded)."""
+    capture = sys.modules.get("checks.probes.capture")
+    return capture.recorded_since_reset() if capture is not None else frozenset()
 
 
 def _sendable(log: object) -> object:

@@ -61,6 +61,7 @@ class RankResult:
     stack: str | None = None  # faulthandler dump: all threads, taken on timeout or fatal error
     log: str = ""  # what the rank wrote to stdout/stderr during this check
     captured: list[Any] = field(default_factory=list)  # the probe logs of a `CheckRequest.capture` run, in order
+    recorded: frozenset[str] = frozenset()  # the kinds of probe recording the check finished: "events", "comm"
 
 
 @dataclass

@@ -25,7 +25,7 @@ from reader.claims.evidence import missing_evidence
 from reader.claims.properties import ClaimRun, run_claim
 from reader.claims.request import RankPoolUnavailable, Send, UnresolvedAnchors, traced_request
 from reader.claims.text import blocked_claim, claim_header
-from reader.format.guide import ClaimSpec, ExpectedFailure, Guide
+from reader.format.guide import VIEWS, ClaimSpec, ExpectedFailure, Guide
 
 if TYPE_CHECKING:
     from reader.gate.workspace import Workspace
@@ -48,6 +48,7 @@ class ClaimVerdict:
     failure: str | None = None
     skipped: str | None = None
     expected: str | None = None  # set for XFAILED / XPASSED: what the xfail says, for the report
+    reason: str | None = None  # a failure the verdict itself found (no-runtime-evidence, views-differ), for reports
 
     @property
     def status(self) -> Status:
@@ -133,8 +134,38 @@ def judge(outcome: CheckRun, where: str, guide: Guide, claim: ClaimSpec, resolut
         return ClaimVerdict(outcome, claim_header(where, claim, "failed") + "\n" + report)
     missing = missing_evidence(claim, guide, resolutions, frozenset(outcome.executed or ()))
     if missing:
-        return ClaimVerdict(outcome, claim_header(where, claim, "failed") + "\n" + missing)
-    return ClaimVerdict(outcome)
+        return ClaimVerdict(outcome, claim_header(where, claim, "failed") + "\n" + missing, reason=NO_EVIDENCE)
+    return _judge_views(outcome, where, claim)
+
+
+NO_EVIDENCE = "no-runtime-evidence"
+VIEWS_DIFFER = "views-differ"
+
+
+def supported_views(outcome: CheckRun) -> tuple[str, ...]:
+    """What ``fsdp-readings`` can draw from a passing run: ``timeline`` when a rank finished a probe recording,
+    ``memory`` when rank 0 returned a memory series, ``layout`` when it returned a flat parameter's layout."""
+    value = outcome.values()[0] if outcome.results else None
+    recorded = any(r.recorded for r in outcome.results)
+    found = {"timeline": recorded}
+    found["memory"] = isinstance(value, dict) and bool(value.get("series"))
+    found["layout"] = isinstance(value, dict) and bool(value.get("layout"))
+    return tuple(view for view in VIEWS if found[view])
+
+
+def _judge_views(outcome: CheckRun, where: str, claim: ClaimSpec) -> ClaimVerdict:
+    """A passing claim declares exactly the views its run supports: the guide's ``views`` is what `show` offers
+    and what the views accept, so it must not say more or less than the run can draw."""
+    supported = supported_views(outcome)
+    if supported == claim.views:
+        return ClaimVerdict(outcome)
+    shown = ", ".join(f'"{v}"' for v in supported)
+    why = (
+        f"  the claim declares views = [{', '.join(repr(v) for v in claim.views)}], but its run supports "
+        f"[{', '.join(supported) or 'none'}]: a view the run cannot draw would be offered, or one it can would be "
+        f"refused\n  fix: write `views = [{shown}]` in the claim's table"
+    )
+    return ClaimVerdict(outcome, claim_header(where, claim, "failed") + "\n" + why, reason=VIEWS_DIFFER)
 
 
 def _judge_expected_failure(
@@ -151,7 +182,7 @@ def _judge_expected_failure(
     # Failing as expected counts only if it failed inside the code the guide reads, not before reaching it.
     missing = missing_evidence(claim, guide, resolutions, frozenset(outcome.executed or ()))
     if missing:
-        return ClaimVerdict(outcome, claim_header(where, claim, "failed") + "\n" + missing)
+        return ClaimVerdict(outcome, claim_header(where, claim, "failed") + "\n" + missing, reason=NO_EVIDENCE)
     if not outcome.ok and fails_as_expected(xfail, outcome):
         return ClaimVerdict(outcome, expected=expected)
     if xfail.strict:
@@ -169,10 +200,12 @@ def failure_summary(verdict: ClaimVerdict) -> tuple[str, str]:
     check passed without running the anchored code, else the exception type) and the first line of what it
     found."""
     outcome = verdict.outcome
-    if outcome is None:
+    if verdict.reason is not None:
+        reason = verdict.reason
+    elif outcome is None:
         reason = "not-run"
     elif outcome.ok:
-        reason = "no-runtime-evidence"
+        reason = NO_EVIDENCE
     else:
         reason = outcome.reason or ", ".join(sorted(outcome.error_types)) or "error"
     failed = outcome.failed if outcome is not None else []

@@ -71,6 +71,9 @@ class PropertySpec:
     examples: int
 
 
+VIEWS = ("timeline", "memory", "layout")  # the views a claim's run can support (`ClaimSpec.views`)
+
+
 @dataclass(frozen=True)
 class ClaimSpec:
     """One sentence about behaviour and the check (run on the rank pool) that proves it."""
@@ -88,6 +91,7 @@ class ClaimSpec:
     property: PropertySpec | None = None  # `property = { draw, examples }`: checked over drawn examples
     torch: SpecifierSet | None = None  # the torch versions this claim describes, inside the guide's
     backends: tuple[str, ...] = ()  # `backend = "gloo"`: the backends its check is written for (empty: any)
+    views: tuple[str, ...] = ()  # `views = ["timeline", "memory"]`: what fsdp-readings can draw from its run
 
     def applies_to(self, torch_version: str | None) -> bool:
         return self.torch is None or version_admitted(self.torch, torch_version)

@@ -12,7 +12,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from reader.format.errors import anchor_fix
-from reader.format.guide import AnchorSpec, ClaimSpec, ExpectedFailure, PropertySpec
+from reader.format.guide import VIEWS, AnchorSpec, ClaimSpec, ExpectedFailure, PropertySpec
 from reader.format.toml_fields import Fields, is_table_list
 from reader.source.checkref import CHECK_RE, CheckFinder
 from reader.source.patterns import PatternError, pattern_tokens
@@ -25,6 +25,7 @@ SYMBOL_RE = re.compile(r"^torch(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.([A-Za-z_]\w*|<l
 ANCHOR_KEYS = ("name", "symbol", "pattern", "torch")
 CLAIM_KEYS = (
     "id", "statement", "check", "kwargs", "world_size", "markers", "evidence", "timeout", "xfail", "property", "torch",
+    "views",
     "backend",
 )  # fmt: skip
 CLAIM_BACKENDS = ("gloo", "nccl")
@@ -168,6 +169,7 @@ def claim_specs(
             fields.add((*at, "kwargs"), "`example` is the drawn value a property passes", "rename that kwarg")
         versions = _torch_spec(fields, table["torch"], (*at, "torch")) if "torch" in table else None
         written_for = _claim_backends(fields, table["backend"], (*at, "backend")) if "backend" in table else ()
+        views = _views(fields, table.get("views", []), (*at, "views"))
         scoped = [n for n in evidence if n in scoped_anchors]
         if versions is None and evidence and len(scoped) == len(evidence):
             fields.add(
@@ -201,9 +203,23 @@ def claim_specs(
                     drawn,
                     versions,
                     written_for,
+                    views,
                 )
             )
     return found
+
+
+def _views(fields: Fields, raw: Any, at: tuple[Any, ...]) -> tuple[str, ...]:
+    """``views = ["timeline", "memory"]``: each one of `VIEWS`, once, in that order."""
+    if not isinstance(raw, list) or not all(isinstance(v, str) for v in raw):
+        fields.add(at, "`views` must be a list of view names", f"write `views = [{', '.join(map(repr, VIEWS))}]`")
+        return ()
+    unknown = [v for v in raw if v not in VIEWS]
+    if unknown or len(set(raw)) != len(raw):
+        what = f"unknown view(s) {', '.join(unknown)}" if unknown else "a view named twice"
+        fields.add(at, f"`views`: {what}", f"use each of {', '.join(VIEWS)} at most once")
+        return ()
+    return tuple(v for v in VIEWS if v in raw)
 
 
 def _xfail(fields: Fields, raw: Any, at: tuple[Any, ...]) -> ExpectedFailure | None:

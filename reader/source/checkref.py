@@ -54,21 +54,24 @@ class CheckFinder:
         )
 
     def exercise_count(self, module: str) -> int:
-        """How many ``Exercise(...)`` a check module's ``EXERCISES`` tuple declares (`checks.breakit.exercises`),
-        read from its source: importing a check module imports torch."""
+        return len(self.exercises(module))
+
+    def exercises(self, module: str) -> list[tuple[str, str]]:
+        """(exercise id, claim id) of each ``Exercise(...)`` a check module's ``EXERCISES`` tuple declares
+        (`checks.breakit.exercises`), read from its source: importing a check module imports torch."""
         located = self._locate(module)
         if located is None or located.suffix != ".py":
-            return 0
+            return []
         try:
             tree = ast.parse(located.read_text(encoding="utf-8"))
         except (OSError, SyntaxError, ValueError):
-            return 0
+            return []
         for node in tree.body:
             targets = node.targets if isinstance(node, ast.Assign) else []
             if any(isinstance(t, ast.Name) and t.id == "EXERCISES" for t in targets):
                 calls = node.value.elts if isinstance(node.value, ast.Tuple | ast.List) else []
-                return sum(1 for c in calls if isinstance(c, ast.Call) and getattr(c.func, "id", "") == "Exercise")
-        return 0
+                return [found for c in calls if (found := _exercise(c)) is not None]
+        return []
 
     def _locate(self, module: str) -> Path | None:
         top, *rest = module.split(".")
@@ -109,3 +112,14 @@ class CheckFinder:
         if spec is None and self.extra_paths:
             spec = importlib.machinery.PathFinder.find_spec(top, self.extra_paths)
         return spec
+
+
+def _exercise(node: ast.expr) -> tuple[str, str] | None:
+    """(id, claim) of an ``Exercise("id", claim="...", ...)`` call written with literal strings."""
+    if not isinstance(node, ast.Call) or getattr(node.func, "id", "") != "Exercise" or not node.args:
+        return None
+    first = node.args[0]
+    claim = next((k.value for k in node.keywords if k.arg == "claim"), None)
+    if isinstance(first, ast.Constant) and isinstance(claim, ast.Constant):
+        return str(first.value), str(claim.value)
+    return None

@@ -37,7 +37,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, console: Console) -> int:
     from checks.models.flat_param_diagram import diagram_lines
 
-    reading = run_for_rank(args, console)
+    reading = run_for_rank(args, console, "layout")
     if isinstance(reading, int):
         return reading
     guide, verdict, value = reading.guide, reading.verdict, reading.value

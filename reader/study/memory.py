@@ -36,7 +36,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    reading = run_for_rank(args, console)
+    reading = run_for_rank(args, console, "memory")
     if isinstance(reading, int):
         return reading
     guide, verdict, value = reading.guide, reading.verdict, reading.value

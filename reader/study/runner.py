@@ -16,7 +16,7 @@ from rich.console import Console
 
 from checks.ranks.protocol import CheckRequest, CheckRun
 from reader.claims.progress import Progress, ProgressError
-from reader.claims.verdict import ClaimVerdict, decide
+from reader.claims.verdict import ClaimVerdict, decide, gpu_skip
 from reader.format.guide import ClaimSpec, Guide
 from reader.study.session import BROKEN, CLEAN, DRIFT, Session, display, open_session
 
@@ -142,7 +142,19 @@ class RankReading:
     value: Any
 
 
-def run_for_rank(args: argparse.Namespace, console: Console) -> RankReading | int:
+def refused_view(guide: Guide, claim_id: str, view: str, console: Console) -> int | None:
+    """BROKEN (with the claims of the guide whose runs it can draw) when ``claim_id`` does not declare ``view``:
+    said at once, before anything runs. None when it does."""
+    claim = guide.claim(claim_id)
+    if view in claim.views or gpu_skip(claim) is not None:  # a GPU claim is skipped here, as pytest skips it
+        return None
+    able = [c.id for c in guide.claims if view in c.views]
+    where = f"the claims of {guide.id} it can draw: {', '.join(able)}" if able else f"no claim of {guide.id} has one"
+    console.print(f"[red]{claim_id} has no {view} to draw[/] (its run records none); {where}", highlight=False)
+    return BROKEN
+
+
+def run_for_rank(args: argparse.Namespace, console: Console, view: str) -> RankReading | int:
     """Run ``args.claim`` of ``args.guide`` on the pool and take ``args.rank``'s return value (or, if it failed,
     its `Violation`'s details); an exit code (with the reason printed) when the guide or claim is unknown, the claim
     did not run, or there is no such rank."""
@@ -152,6 +164,9 @@ def run_for_rank(args: argparse.Namespace, console: Console) -> RankReading | in
     session, guide = opened
     if pick_claims(guide, [args.claim], console) is None:
         return BROKEN
+    refused = refused_view(guide, args.claim, view, console)
+    if refused is not None:
+        return refused
     with claim_runner(session, args) as runner, console.status(f"running claim {args.claim}…", spinner="dots"):
         verdict = runner.verdict(guide, guide.claim(args.claim))
     outcome = verdict.outcome

@@ -22,7 +22,7 @@ from rich.text import Text
 from checks.ranks.protocol import CheckRequest, CheckRun
 from reader.claims.verdict import ClaimVerdict
 from reader.format.guide import ClaimSpec, Guide
-from reader.study.runner import ClaimRunner, remember
+from reader.study.runner import ClaimRunner, refused_view, remember
 from reader.study.session import BROKEN, CLEAN, DRIFT, Session, open_session
 from reader.views.lanes import Row, Span, iterations, rows
 from reader.views.timeline import header, rank_view
@@ -100,6 +100,10 @@ def _run(args: argparse.Namespace, console: Console, session: Session, guide: Gu
         console.print(f"[red]{guide.id} has no claim {args.claim}[/] (claims: {', '.join(known)})")
         return BROKEN
     claim = guide.claim(args.claim)
+    for wanted in [args.claim, *(c for c in args.compare if "=" not in c and c in known)]:
+        refused = refused_view(guide, wanted, "timeline", console)
+        if refused is not None:
+            return refused
     if not args.all_ranks and not 0 <= args.rank < claim.world_size:
         console.print(f"[red]no rank {args.rank}[/]: {claim.id} runs on ranks 0-{claim.world_size - 1}")
         return BROKEN

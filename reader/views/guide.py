@@ -17,7 +17,7 @@ their backticks. A ``|`` inside a table cell is written ``\|``, as GitHub needs 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -29,10 +29,11 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from reader.format.guide import ExpectBlock, Guide, Note, Prose, SourceBlock, block_reference
+from reader.format.guide import ClaimSpec, ExpectBlock, Guide, Note, Prose, SourceBlock, block_reference
 from reader.format.predict import PredictQuestion
 from reader.gate.workspace import Workspace
 from reader.source.anchors import AnchorError, NoteMatch, Resolution
+from reader.source.checkref import CheckFinder
 from reader.source.patterns import find
 
 _OK_DRIFT = {"unchanged", "moved", "cosmetic"}
@@ -127,7 +128,17 @@ def render_guide(guide: Guide, workspace: Workspace, *, answers: bool = False) -
             yield predict_panel(region, answers=answers)
         else:  # a region of a fence kind registered elsewhere (reader.format.body): its Markdown, verbatim
             yield Text(guide.raw(region))
-    yield claims_table(guide, workspace.display(guide.path))
+    yield claims_table(guide, workspace.display(guide.path), exercises_by_claim(guide))
+
+
+def exercises_by_claim(guide: Guide) -> dict[str, list[str]]:
+    """Claim id → the ids of the exercises whose patch breaks it, read from the guide's check modules."""
+    finder = CheckFinder(extra_paths=[guide.path.resolve().parent.parent])
+    found: dict[str, list[str]] = {}
+    for module in sorted({claim.check.split(":")[0] for claim in guide.claims}):
+        for exercise, claim in finder.exercises(module):
+            found.setdefault(claim, []).append(exercise)
+    return found
 
 
 def _header(guide: Guide, workspace: Workspace) -> RenderableType:
@@ -368,16 +379,27 @@ def predict_panel(question: PredictQuestion, *, answers: bool = False) -> Render
                  subtitle=subtitle, subtitle_align="right")  # fmt: skip
 
 
-def claims_table(guide: Guide, path: str | None = None) -> RenderableType:
+def view_commands(guide: Guide, claim: ClaimSpec, exercises: Mapping[str, list[str]] | None = None) -> list[str]:
+    """The commands that draw a claim's run: one per declared view, one per exercise of it."""
+    commands = [f"fsdp-readings {view} {guide.id} {claim.id}" for view in claim.views]
+    commands += [f"fsdp-readings exercise {guide.id} {ex}" for ex in (exercises or {}).get(claim.id, [])]
+    return commands
+
+
+def claims_table(
+    guide: Guide, path: str | None = None, exercises: Mapping[str, list[str]] | None = None
+) -> RenderableType:
     """Each claim as its id and rank count, then the statement at nearly the full width, then its check on a
-    line of its own (a check's dotted path is long, and a column for it starved the statement)."""
+    line of its own (a check's dotted path is long, and a column for it starved the statement), then the views
+    of its run as commands to paste (the ones its ``views`` declare, and its exercises)."""
     parts: list[RenderableType] = [Text(f"\nClaims of {guide.id}", style="bold")]
     for claim in guide.claims:
         head = Text.assemble(("▸ ", "cyan"), (claim.id, "bold"), (f" · {claim.world_size} ranks", "dim"))
-        body = Group(
+        lines: list[RenderableType] = [
             Text(claim.statement),
             Text.assemble(("check ", "dim"), (claim.check, "dim"), overflow="fold"),
-        )
-        parts += [head, Padding(body, (0, 0, 1, 4))]
+        ]
+        lines += [Text(command, style="green", overflow="fold") for command in view_commands(guide, claim, exercises)]
+        parts += [head, Padding(Group(*lines), (0, 0, 1, 4))]
     parts.append(Text(f"run them: pytest {path or guide.path} -k claim", style="dim", overflow="fold"))
     return Group(*parts)

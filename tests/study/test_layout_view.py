@@ -31,9 +31,10 @@ def test_layout_shows_a_torch_that_lays_out_differently(pool: PoolManager) -> No
     assert "the unit: 64 elements = 49 in 5 parameters + 12 alignment + 3 world-size padding" in out
 
 
-def test_a_claim_without_a_layout_says_so(pool: PoolManager) -> None:
-    code, out = run(["layout", GUIDE, "offload-params-needs-accelerator"], pool)
-    assert code == 1 and "returns no layout" in out
+def test_a_claim_without_a_layout_is_refused_at_once_with_the_claims_that_have_one() -> None:
+    code, out = run(["layout", GUIDE, "offload-params-needs-accelerator"])  # no pool: refused before a run
+    flat = " ".join(out.split())
+    assert code == 2 and "offload-params-needs-accelerator has no layout to draw" in flat and "layout-at-4" in flat
 
 
 def test_unknown_claims_and_ranks_are_broken_input(pool: PoolManager) -> None:

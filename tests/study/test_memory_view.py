@@ -68,9 +68,12 @@ def test_without_colour_each_category_has_a_glyph_of_its_own() -> None:
     assert len(set(GLYPHS.values())) == 4
 
 
-def test_a_claim_without_a_memory_series_says_so(pool: PoolManager, data_dir) -> None:
-    code, out = run(["memory", "03-unshard-reshard", "full-shard-frees-non-roots"], pool)
-    assert code == 1 and "records no memory series" in out
+def test_a_claim_without_a_memory_series_is_refused_at_once_with_the_claims_that_have_one(data_dir) -> None:
+    """Refused before anything runs (no pool is given: a run would start one), naming the claims to try."""
+    code, out = run(["memory", "03-unshard-reshard", "full-shard-frees-non-roots"])
+    flat = " ".join(out.split())
+    assert code == 2 and "full-shard-frees-non-roots has no memory to draw" in flat
+    assert "the claims of 03-unshard-reshard it can draw: memory-over-the-step" in flat
 
 
 def test_an_unknown_claim_lists_the_claims(data_dir) -> None:

@@ -131,10 +131,11 @@ def test_a_failing_claim_still_draws_what_was_captured(pool: PoolManager) -> Non
     assert f"{CLAIM} failed" in out and "prefetch-order" in out
 
 
-def test_a_check_that_records_nothing_says_so(pool: PoolManager) -> None:
-    code, out = run([GUIDE, "prefetch-holds-next-unit"], pool)
-    assert code == 1, out
-    assert "captured nothing to draw" in out and "record_events" in out
+def test_a_claim_without_a_timeline_is_refused_at_once_with_the_claims_that_have_one() -> None:
+    code, out = run([GUIDE, "prefetch-holds-next-unit"])  # no pool: refused before anything would run
+    flat = " ".join(out.split())
+    assert code == 2 and "prefetch-holds-next-unit has no timeline to draw" in flat
+    assert "follows-iteration-1-order" in flat.split("it can draw:")[1]
 
 
 @pytest.mark.parametrize(
