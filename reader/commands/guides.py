@@ -16,32 +16,61 @@ from reader.format.guide import Guide
 from reader.format.predict import PredictQuestion
 from reader.gate.approval import ClaimResult, NotApprovable, force_reason
 from reader.gate.drift import Drift, DriftKind
-from reader.gate.drift_report import write_drift_report
+from reader.gate.drift_report import reserved_name, write_drift_report
+from reader.gate.outcome import DEFAULT_FAIL_ON, FAIL_ON, Outcome, exit_code, worst
 from reader.gate.releases import release
 from reader.gate.report import AnchorRow, SessionReport, anchor_row, drift_panel, summary
 from reader.gate.workspace import Workspace
 from reader.source.checkref import CheckFinder
 from reader.study.runner import ClaimRunner, claim_runner, pool_options
-from reader.study.session import BROKEN, CLEAN, DRIFT, add_common, display, open_session
+from reader.study.session import BROKEN, CLEAN, add_common, display, open_session
 from reader.views.fit import indented, items_line
 from reader.views.guide import print_guide
 from reader.views.path import print_next
 
+DRIFT_EXAMPLES = """examples:
+  fsdp-readings drift                          every guide's anchors against readings/anchors.lock
+  fsdp-readings drift 03-unshard-reshard       one guide
+  fsdp-readings drift --torch-source torch-2.15.0-cp311-cp311-manylinux_2_28_x86_64.whl
+  fsdp-readings drift --torch-source /tmp/v/lib/python3.11/site-packages --report gate/t.json
+  fsdp-readings drift --fail-on broken         show the drift; exit 0 unless the input is broken
+
+--torch-source previews another torch (a wheel read in place, a site-packages, a checkout).
+--report also writes FILE.md, summary.md (a PR comment) and summary.json (the outcome) beside it.
+Claims do not run here: pytest readings/ runs them.
+exit status: 0 clean, 6 anchors drift (re-read the guides), 2 broken input"""
+
 
 def configure_drift(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    # The command list's one-liner (reader.commands.app) still says "1 drift"; the help says what drift exits.
+    parser.description = "compare the guides' anchors with the approved source (exit 0 clean, 6 drift, 2 broken)"
+    parser.epilog = DRIFT_EXAMPLES
     add_common(parser)
     parser.add_argument(
         "--report",
         metavar="FILE",
         type=Path,
         default=None,
-        help="also write the report as JSON to FILE and as Markdown next to it",
+        help="also write the report as JSON to FILE and as Markdown next to it, with summary.md and summary.json",
+    )
+    parser.add_argument(
+        "--fail-on",
+        choices=FAIL_ON,
+        default=DEFAULT_FAIL_ON,
+        help="the least severe outcome that fails: re-read (default); behaviour-changed or broken let drift "
+        "exit 0 (drift runs no claims)",
     )
 
 
 def run_drift(args: argparse.Namespace, console: Console) -> int:
+    if args.report is not None and (clash := reserved_name(args.report)):
+        console.print(clash, style="red", markup=False)
+        return BROKEN
     opened = open_session(args, console)
     if isinstance(opened, int):
+        if args.report is not None:  # the report says so: a workflow that posts it never posts a missing file
+            write_drift_report(args.report, _refused(args))
         return opened
     workspace, report = opened.workspace, opened.report
     for guide in opened.guides:
@@ -62,8 +91,10 @@ def run_drift(args: argparse.Namespace, console: Console) -> int:
         for found in guide_row.anchors:
             if found.outcome == "failed":
                 console.print(drift_panel(guide_row, found))
-    code = BROKEN if opened.broken else DRIFT if report.drifted else CLEAN
-    report.exit_code = code
+    outcome = Outcome.BROKEN if opened.broken else Outcome.REREAD if report.drifted else Outcome.CLEAN
+    report.claims_not_run = "`fsdp-readings drift` compares the source only; `pytest readings/` runs them"
+    report.outcome, report.fail_on = outcome.value, args.fail_on
+    code = report.exit_code = exit_code(outcome, args.fail_on)
     console.print(summary(report, claims=False))
     if args.report is not None:
         json_path, md_path = write_drift_report(args.report, report)
@@ -72,7 +103,29 @@ def run_drift(args: argparse.Namespace, console: Console) -> int:
     return code
 
 
+def _refused(args: argparse.Namespace) -> SessionReport:
+    """The report of a command that never opened its guides or its torch (printed to the console already)."""
+    why = "the guides or the torch source could not be opened (the command's output says why)"
+    report = SessionReport(None, None, str(args.torch_source or "installed torch"), "", broken=[why])
+    report.outcome, report.exit_code, report.claims_not_run = Outcome.BROKEN.value, BROKEN, why
+    return report
+
+
+APPROVE_EXAMPLES = """examples:
+  fsdp-readings approve 03-unshard-reshard     after re-reading it: claims run, then it is recorded
+  fsdp-readings approve                        the one guide whose anchors drift (several: listed)
+  fsdp-readings approve --matrix 2.13,2.15     keep each release's approvals, for a CI matrix
+  fsdp-readings approve 18-fsdp2-reshard-and-gradients --force "2.15 reduces in fp32; guide re-read"
+
+A guide is recorded whole or not at all, on the installed torch (never on a --torch-source preview).
+exit status: 0 approved (or nothing to approve), 1 refused: a claim failed (--force records it
+anyway, with the reason), 6 refused: an anchor cannot be pinned (removed, a lost pattern or note:
+re-read and repin it), 2 broken input"""
+
+
 def configure_approve(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = APPROVE_EXAMPLES
     add_common(parser)
     parser.add_argument(
         "--matrix",
@@ -127,18 +180,20 @@ def run_approve(args: argparse.Namespace, console: Console) -> int:
     if guides is None:
         workspace.source.close()
         return BROKEN
-    refused = 0
+    outcomes = [Outcome.BROKEN] if opened.broken else []
     with claim_runner(opened, args) as runner:
         for guide in sorted(guides, key=lambda g: (g.order, g.id)):
-            refused += not _approve_one(guide, workspace, runner, force=args.force, report=report, console=console)
+            outcomes.append(_approve_one(guide, workspace, runner, force=args.force, report=report, console=console))
     if not args.guide_ids and not opened.broken:
         # Approving without ids covers every guide: entries of guides that no longer exist are stale.
         for key in workspace.prune_missing_guides({g.id for g in opened.guides}):
             console.print(f"dropped stale lock entry {key}")
     wrote = workspace.save()
+    outcome = worst(outcomes)
+    report.outcome, report.exit_code = outcome.value, outcome.code
     console.print(summary(report, claims=False))
     console.print(f"{'wrote' if wrote else 'unchanged:'} {display(workspace.lock_path)}")
-    return BROKEN if opened.broken else DRIFT if refused else CLEAN
+    return outcome.code
 
 
 def _to_approve(guides: list[Guide], workspace: Workspace, console: Console) -> list[Guide] | None:
@@ -168,12 +223,14 @@ def _approve_one(
     force: str | None,
     report: SessionReport,
     console: Console,
-) -> bool:
-    """Run the guide's claims, then record it whole; False (with every reason printed) when it is refused."""
+) -> Outcome:
+    """Run the guide's claims, then record it whole: clean, or (with every reason printed) why it was refused:
+    a claim failed (behaviour changed), an anchor cannot be pinned (re-read), or this torch cannot be approved on
+    (broken: an unknown version, or a release outside the lock's matrix)."""
     row = report.guide(guide.id, display(guide.path), guide.title)
     if not guide.applies_to(workspace.torch_version):
         console.print(f"{guide.id} applies to torch {guide.torch}; this torch is {workspace.torch_version}: skipped")
-        return True
+        return Outcome.CLEAN
     try:
         drifts = workspace.check_approvable(guide)
         read = guide.on(workspace.torch_version)
@@ -185,7 +242,7 @@ def _approve_one(
             row.anchors.append(anchor_row(guide, drift.anchor, "failed", drift))
             console.print(drift_panel(row, row.anchors[-1]))
         report.refused += [f"{guide.id}: {reason}" for reason in exc.reasons]
-        return False
+        return Outcome.BEHAVIOUR if exc.forceable else Outcome.REREAD if exc.drifts else Outcome.BROKEN
     for drift in drifts:
         if drift.diff and drift.kind not in (DriftKind.UNCHANGED, DriftKind.MOVED):
             console.print(f"[bold]{drift.key}[/]: approving {drift.kind.value}")
@@ -205,7 +262,7 @@ def _approve_one(
     report.approved.append(f"{guide.id} on torch {approval.release}: {held}{forced}")
     for key in approval.pruned:
         console.print(f"dropped stale lock entry {key}")
-    return True
+    return Outcome.CLEAN
 
 
 def _result(verdict: ClaimVerdict) -> ClaimResult:

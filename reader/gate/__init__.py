@@ -8,7 +8,9 @@
 - ``approval``: whether a guide may be approved (its claims' outcomes in, a record or a refusal out).
 - ``workspace``: guides + a torch source + the lock, shared by the plugin and the commands (resolve, classify,
   approve a guide whole, save).
-- ``report``: what a session found, as data and rich renderables; ``drift_report``: its JSON and Markdown.
+- ``report``: what a session found, as data and rich renderables; ``drift_report``: its JSON and Markdown (the
+  full report, and the PR-sized summary); ``outcome``: the verdict (clean, re-read, behaviour changed, broken), its
+  exit code and ``summary.json``.
 - ``upgrade_gate``: the guides run in venvs of other torch releases, for real.
 
 May import: source, format.

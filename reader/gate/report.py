@@ -7,7 +7,9 @@ the caller prints to whatever console it has (pytest's terminal writer, or stdou
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from rich import box
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
@@ -15,7 +17,7 @@ from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
-from reader.format.guide import AnchorSpec, Guide
+from reader.format.guide import AnchorSpec, ClaimSpec, ExpectBlockUnavailable, Guide, block_reference
 from reader.gate.drift import Drift, DriftKind
 
 
@@ -35,8 +37,35 @@ class AnchorRow:
     claims: tuple[str, ...] = ()  # claims that name it as their runtime evidence
 
     @property
+    def lost_notes(self) -> list[str]:
+        """The guide's notes that no longer land once in the code: they block approval until repinned."""
+        return list(self.drift.problems) if self.drift is not None else []
+
+    @property
     def kind(self) -> str | None:
-        return self.drift.kind.value if self.drift is not None else None
+        """The class a reviewer acts on. Lost notes block approval whatever else changed, so an anchor whose code
+        changed and whose notes no longer land is "pattern lost" (its code change is `also`)."""
+        if self.drift is None:
+            return None
+        if self.lost_notes and self.drift.kind not in (DriftKind.REMOVED, DriftKind.PATTERN_LOST):
+            return DriftKind.PATTERN_LOST.value
+        return self.drift.kind.value
+
+    @property
+    def also(self) -> str | None:
+        """What else changed in an anchor whose lost notes make it "pattern lost" (e.g. "code changed")."""
+        if self.drift is None or self.kind == self.drift.kind.value:
+            return None
+        return self.drift.kind.value
+
+    @property
+    def label(self) -> str:
+        """``code changed``; ``pattern lost: 2 notes, and code changed`` when notes block its approval."""
+        kind = self.kind or "?"
+        if self.also is None:
+            return kind
+        count = len(self.lost_notes)
+        return f"{kind}: {count} note{'s' * (count != 1)}, and {self.also}"
 
 
 def anchor_row(guide: Guide, anchor: AnchorSpec, outcome: str, drift: Drift | None, message: str = "") -> AnchorRow:
@@ -54,6 +83,59 @@ def anchor_row(guide: Guide, anchor: AnchorSpec, outcome: str, drift: Drift | No
     )
 
 
+@dataclass(frozen=True)
+class ExpectRow:
+    line: int  # its line in the guide
+    text: str
+
+
+@dataclass(frozen=True)
+class ExpectPointer:
+    """The ```` ```expect ```` block a failed claim was checked against, and the rows its `Violation` names: the
+    guide's own sentences that are now false."""
+
+    block: str
+    line: int  # the fence's line
+    rows: tuple[ExpectRow, ...] = ()  # the rows the failure names; empty when it names none of them
+
+    @property
+    def at(self) -> int:
+        return self.rows[0].line if self.rows else self.line
+
+    def to_json(self) -> dict[str, object]:
+        return {"block": self.block, "line": self.line, "rows": [{"line": r.line, "text": r.text} for r in self.rows]}
+
+
+def expect_pointer(guide: Guide, claim: ClaimSpec, details: Mapping[str, Any]) -> ExpectPointer | None:
+    """Where in the guide a failed claim's expected values are written, if they come from an expect block
+    (``kwargs = { stated = { expect = "precision" } }``) and its check said why (a `Violation` with details).
+    A row is named when a detail's value is one of its words and of no other row's (``policy="bf16/None"``).
+    ``guide`` is read on the torch the claim ran on (`Guide.on`), so the block is the one that torch reads."""
+    names = [name for value in claim.kwargs.values() if (name := block_reference(value)) is not None]
+    if not names or not details:
+        return None
+    try:
+        blocks = guide.expect_blocks(guide.read_on)
+    except ExpectBlockUnavailable:
+        return None
+    lines = guide.text.split("\n")
+    pointers = []
+    for name in names:
+        block = blocks.get(name)
+        if block is None:
+            continue
+        rows = [ExpectRow(n, lines[n - 1].strip()) for n in range(block.start + 1, block.end) if lines[n - 1].strip()]
+        named: list[ExpectRow] = []
+        for value in details.values():
+            if isinstance(value, bool) or not isinstance(value, str | int):
+                continue
+            hits = [row for row in rows if str(value) in row.text.split()]
+            if len(hits) == 1 and hits[0] not in named:
+                named.append(hits[0])
+        pointers.append(ExpectPointer(name, block.start, tuple(sorted(named, key=lambda r: r.line))))
+    return max(pointers, key=lambda p: len(p.rows), default=None)  # the block whose rows it names, if any
+
+
 @dataclass
 class ClaimRow:
     id: str
@@ -62,6 +144,14 @@ class ClaimRow:
     message: str = ""  # the first line of a failure, the reason of a skip or of an xfail
     reason: str | None = None  # a failed check's `Violation` reason (None: it raised something else)
     line: int = 0  # the claim's line in the guide
+    expect: ExpectPointer | None = None  # a failed claim's expect rows that are now false
+    ran: bool = True  # False: it failed without running (its anchors did not resolve, or no rank pool)
+    blocked: bool = False  # it did not run because anchors of its guide no longer resolve: drift, not behaviour
+
+    @property
+    def at(self) -> int:
+        """The guide line a reviewer fixes: the expect row that is now false, else the claim itself."""
+        return self.expect.at if self.expect is not None else self.line
 
 
 @dataclass
@@ -101,6 +191,10 @@ class SessionReport:
     broken: list[str] = field(default_factory=list)  # rendered problems of guides that did not collect
     approved: list[str] = field(default_factory=list)  # "guide/anchor (was: kind)", "guide on torch R: claims"
     refused: list[str] = field(default_factory=list)  # "guide: why it was not approved" (nothing of it recorded)
+    other_failures: list[str] = field(default_factory=list)  # "nodeid: first line" of failed non-claim items
+    claims_not_run: str | None = None  # why no claim ran (a preview, `fsdp-readings drift`); None: they ran
+    outcome: str | None = None  # `reader.gate.outcome.Outcome`'s value, once the session is judged
+    fail_on: str = "re-read"  # the least severe outcome that fails the run (``--fail-on``)
     exit_code: int | None = None
 
     def guide(self, guide_id: str, path: str, title: str) -> GuideReport:
@@ -119,10 +213,14 @@ class SessionReport:
         return {
             "torch": {"version": self.torch_version, "git_version": self.torch_git, "source": self.source},
             "lock": self.lock,
+            "outcome": self.outcome,
             "exit_code": self.exit_code,
+            "fail_on": self.fail_on,
+            "claims_not_run": self.claims_not_run,
             "broken_input": self.broken,
             "approved": self.approved,
             "refused": self.refused,
+            "other_failures": self.other_failures,
             "guides": [
                 {
                     "id": g.id,
@@ -137,6 +235,10 @@ class SessionReport:
                             "message": c.message,
                             "reason": c.reason,
                             "line": c.line,
+                            "at": c.at,
+                            "expect": c.expect.to_json() if c.expect is not None else None,
+                            "ran": c.ran,
+                            "blocked": c.blocked,
                         }
                         for c in g.claims
                     ],
@@ -153,6 +255,7 @@ def _anchor_json(row: AnchorRow, guide: GuideReport) -> dict[str, object]:
         "symbol": row.symbol,
         "outcome": row.outcome,
         "drift": row.kind,
+        "also": row.also,
         "message": row.message,
         "quoted_at": list(row.quoted_at),
         "notes_at": list(row.notes_at),
@@ -205,19 +308,17 @@ def summary(report: SessionReport, *, claims: bool = True) -> RenderableType:
     table = SummaryTable(heads, rows)
     legend = "anchors: unchanged or approved · drifted: to re-read"
     legend += " · claims: held (passed, or failed as their xfail expects)" if claims else ""
-    parts: list[RenderableType] = [heading, Text(legend, style="dim"), table]
-    notes = [
-        f"{g.id}/{a.name}: {a.drift.note()}"
-        for g in report.guides
-        for a in g.anchors
-        if a.outcome == "passed" and a.drift is not None and a.drift.kind in (DriftKind.MOVED, DriftKind.COSMETIC)
-    ]
+    parts: list[RenderableType] = [heading, Wrapped(legend, "dim"), table]
+    if claims and report.claims_not_run:
+        parts.append(Wrapped(f"claims did not run: {report.claims_not_run}", "yellow"))
     if claims and (xfails := expected_failures(report)):
         parts.append(Text("expected failures (known torch bugs; counted as claims ok):", style="bold"))
         parts += [Text(f"  {line}", style="cyan") for line in xfails]
-    if notes:
+    cosmetic, moved = passing_notes(report)
+    if cosmetic or moved:
         parts.append(Text("notes (passing; approve to record them):", style="bold"))
-        parts += [Text(f"  {n}", style="cyan") for n in notes]
+        parts += [Wrapped(f"{g.id}/{a.name}: {a.drift.note()}", "cyan", "  ") for g, a in cosmetic if a.drift]
+        parts += [Wrapped(line, "cyan", "  ") for line in moved_lines(moved)]
     if report.approved:
         parts.append(Text(f"approved into {report.lock}:", style="bold green"))
         parts += [Text(f"  {a}", style="green") for a in report.approved]
@@ -227,7 +328,69 @@ def summary(report: SessionReport, *, claims: bool = True) -> RenderableType:
     if report.broken:
         parts.append(Text(f"broken input (exit code 2): {len(report.broken)}", style="bold red"))
         parts += [Text(f"  {problem.splitlines()[0]}", style="red") for problem in report.broken]
+    if report.outcome is not None:
+        parts.append(Wrapped(f"outcome: {report.outcome} (exit {report.exit_code})", "bold"))
     return Group(*parts)
+
+
+@dataclass(frozen=True)
+class Wrapped:
+    """A line of words broken at spaces to the width it is printed at, whatever the console's soft wrap (the
+    plugin's console never wraps, so that diffs and commands stay whole): a path or an id is one word, never
+    split. Continuation lines are indented two more."""
+
+    text: str
+    style: str = ""
+    indent: str = ""
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        line = self.indent
+        for word in self.text.split():
+            if line.strip() and len(line) + 1 + len(word) > options.max_width:
+                yield Text(line, style=self.style)
+                line = self.indent + "  "
+            line += ("" if not line.strip() else " ") + word
+        if line.strip():
+            yield Text(line, style=self.style)
+
+
+Noted = list[tuple[GuideReport, AnchorRow]]  # anchors that pass with a note, with their guide
+
+
+def passing_notes(report: SessionReport) -> tuple[Noted, Noted]:
+    """Anchors that pass with a note: cosmetic changes (listed one by one: the text changed) and moves (collapsed
+    per guide by `moved_lines`: the code is the approved code, only its lines are new)."""
+    passing = [(g, a) for g in report.guides for a in g.anchors if a.outcome == "passed" and a.drift is not None]
+    cosmetic = [(g, a) for g, a in passing if a.drift is not None and a.drift.kind is DriftKind.COSMETIC]
+    moved = [(g, a) for g, a in passing if a.drift is not None and a.drift.kind is DriftKind.MOVED]
+    return cosmetic, moved
+
+
+def moved_lines(moved: Noted) -> list[str]:
+    """One line per guide: ``19-ddp-buckets: 5 moved (no-sync, rebuild, ...)``."""
+    by_guide: dict[str, list[str]] = {}
+    for g, a in moved:
+        by_guide.setdefault(g.id, []).append(a.name)
+    return [f"{gid}: {len(names)} moved ({', '.join(names)})" for gid, names in by_guide.items()]
+
+
+READ_TOGETHER = 6  # a source block and its notes, or two blocks a few lines apart, are one passage to re-read
+
+
+def spans(lines: list[int], gap: int = 1) -> str:
+    """1, 2, 3, 7 → "1-3, 7"; lines at most ``gap`` apart join one span."""
+    joined: list[list[int]] = []
+    for line in sorted(set(lines)):
+        if joined and line <= joined[-1][1] + gap:
+            joined[-1][1] = line
+        else:
+            joined.append([line, line])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in joined)
+
+
+def reread_lines(rows: list[AnchorRow]) -> str:
+    """The passages of a guide to re-read for these drifted anchors: their source blocks and notes."""
+    return spans([n for a in rows for n in (*a.quoted_at, *a.notes_at)], gap=READ_TOGETHER)
 
 
 @dataclass(frozen=True)
@@ -266,7 +429,7 @@ def drift_panel(guide: GuideReport, row: AnchorRow) -> RenderableType:
     """
     drift = row.drift
     assert drift is not None
-    lines = [Text(f"{drift.kind.value}: {drift.summary}", style="bold red")]
+    lines = [Text(f"{row.label}: {drift.summary}", style="bold red")]
     if drift.approved is not None:
         a = drift.approved
         lines.append(Text(f"approved: {a.file}:{a.lines[0]}-{a.lines[1]} (torch {', '.join(a.approved_on)})"))

@@ -8,11 +8,16 @@
 
 Item ids come from anchor names and claim ids, never from line numbers. Failures point at the guide's own
 lines (like pytest's doctest items). A broken guide is a collection error naming file, line and fix; the other
-guides still run, and the session exits 2 (0 clean, 1 drift or failed claim).
+guides still run.
 
-Options: ``--approve[=GUIDE_ID]`` (with ``--force REASON``), ``--torch-source PATH``, ``--drift-report FILE``;
-ini ``readings_dir``. Approving runs the guide's claims in the same session and records the guide only if they
-held (``reader.pytest_plugin.approving``).
+The session's exit code is its outcome's (`reader.gate.outcome`): 0 clean, 6 re-read only (drift, every claim
+held), 1 behaviour changed (a claim or another test failed), 2 broken (bad input, including this plugin's own
+option errors, an interrupted run, and "no tests" under ``--drift-report``); ``--fail-on`` lets the milder ones
+exit 0. Sessions that collect no guide and ask for no report keep pytest's own code.
+
+Options: ``--approve[=GUIDE_ID]`` (with ``--force REASON``), ``--torch-source PATH``, ``--drift-report FILE``,
+``--fail-on OUTCOME``; ini ``readings_dir``. Approving runs the guide's claims in the same session and records
+the guide only if they held (``reader.pytest_plugin.approving``).
 
 This module holds only the hooks; the nodes are in ``reader.pytest_plugin.items``, their failure text in
 ``reader.pytest_plugin.failures``, the session's state in ``reader.pytest_plugin.session``.
@@ -29,20 +34,30 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from checks.ranks.protocol import CheckRequest, Patch
+from checks.ranks.protocol import CheckRequest, CheckRun, Patch
 from reader.claims.progress import Progress, ProgressError
 from reader.claims.request import traced_request
 from reader.claims.verdict import failure_summary
 from reader.format.guide import ClaimSpec, Guide
-from reader.gate.approval import NotApprovable
 from reader.gate.drift_report import write_drift_report
-from reader.gate.report import ClaimRow, anchor_row, summary
+from reader.gate.outcome import (
+    DEFAULT_FAIL_ON,
+    FAIL_ON,
+    PYTEST_INTERNAL_ERROR,
+    PYTEST_INTERRUPTED,
+    PYTEST_NO_TESTS,
+    PYTEST_USAGE_ERROR,
+    Outcome,
+    exit_code,
+    outcome_of,
+)
+from reader.gate.report import ClaimRow, SessionReport, anchor_row, expect_pointer, summary
 from reader.pytest_plugin import approving as approvals
 from reader.pytest_plugin import hookspecs
 from reader.pytest_plugin.items import AnchorItem, ClaimItem, GuideFile, GuideItem, is_guide_file
 from reader.pytest_plugin.session import SESSION, ReaderSession, session_of
 
-BROKEN_INPUT = 2
+BROKEN_INPUT = Outcome.BROKEN.code
 MARKERS = (
     "gpu: needs CUDA devices and the nccl backend",
     "world_size(n): the number of ranks a check runs on",
@@ -85,7 +100,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--drift-report",
         metavar="FILE",
         default=None,
-        help="write the session's drift report as JSON to FILE and as Markdown next to it (FILE.md)",
+        help="write the session's drift report as JSON to FILE and as Markdown next to it (FILE.md), and beside "
+        "them summary.md (the PR comment) and summary.json (the outcome), even when the session is broken",
+    )
+    group.addoption(
+        "--fail-on",
+        choices=FAIL_ON,
+        default=DEFAULT_FAIL_ON,
+        help="the least severe outcome that fails the session: re-read (default: drift alone exits 6), "
+        "behaviour-changed (drift alone exits 0, a failed claim 1), broken (only broken input fails, exit 2)",
     )
     group.addoption(
         "--slow",
@@ -117,7 +140,28 @@ def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         if not any(existing.split(":")[0] == line.split(":")[0] for existing in config.getini("markers")):
             config.addinivalue_line("markers", line)
-    config.stash[SESSION] = ReaderSession(config)
+    try:
+        config.stash[SESSION] = ReaderSession(config)
+    except pytest.UsageError as exc:
+        config.stash[REFUSED] = str(exc)  # refused once every plugin is configured (`pytest_sessionstart`)
+
+
+REFUSED = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A command line the gate cannot act on is broken input, exit 2 like every front end's, and the report (if
+    asked for) still says so: a workflow that posts it never posts a missing file."""
+    problem = session.config.stash.get(REFUSED, None)
+    if problem is None:
+        return
+    report = SessionReport(None, None, "", "", broken=[problem], claims_not_run="the command line was refused")
+    report.outcome, report.exit_code = Outcome.BROKEN.value, BROKEN_INPUT
+    target = session.config.getoption("drift_report")
+    if target and not problem.startswith("--drift-report"):  # a reserved report name is refused, not written
+        write_drift_report(Path(target), report)
+    pytest.exit(problem, returncode=BROKEN_INPUT)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -165,8 +209,15 @@ def pytest_runtestloop(session: pytest.Session) -> Iterator[None]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
     report: pytest.TestReport = yield
-    if isinstance(item, GuideItem) and (report.when == "call" or (report.when == "setup" and not report.passed)):
-        _record(session_of(item.config), item, report)
+    reader = item.config.stash.get(SESSION, None)
+    if reader is None:
+        return report
+    if isinstance(item, AnchorItem | ClaimItem):
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            _record(reader, item, report)
+    elif report.failed:  # a predict answer that changed (or whose claim failed), or a test beside the guides
+        first = report.longreprtext.strip().split("\n")[0]
+        reader.findings.report.other_failures.append(f"{item.nodeid} ({report.when}): {first}"[:300])
     return report
 
 
@@ -187,12 +238,26 @@ def _record(reader: ReaderSession, item: GuideItem, report: pytest.TestReport) -
         row.anchors.append(anchor_row(guide, item.anchor, outcome, item.drift, message))
     elif isinstance(item, ClaimItem):
         verdict = reader.findings.verdicts.get((guide.id, item.claim.id))
-        reason = None
+        claim = ClaimRow(item.claim.id, item.claim.statement, outcome, message, line=item.claim.line)
         if outcome == "failed" and verdict is not None and verdict.failure:
-            reason, message = failure_summary(verdict)
-        row.claims.append(ClaimRow(item.claim.id, item.claim.statement, outcome, message, reason, item.claim.line))
+            claim.reason, claim.message = failure_summary(verdict)
+            _locate(reader, guide, item, claim, verdict.outcome)
+        row.claims.append(claim)
         if verdict is not None:  # the claim was judged (not a preview, a slow skip or a missing GPU)
             reader.findings.results[(guide.id, item.claim.id)] = outcome
+
+
+def _locate(reader: ReaderSession, guide: Guide, item: ClaimItem, claim: ClaimRow, run: CheckRun | None) -> None:
+    """Where the guide is now wrong: the expect rows its check names, or, for a claim that could not run, whether
+    anchors that no longer resolve blocked it (drift to re-read, not a behaviour change)."""
+    workspace = reader.resources.opened
+    if workspace is None:
+        return
+    if run is None:
+        claim.ran = False
+        claim.blocked = bool(workspace.resolutions(guide)[1])
+        return
+    claim.expect = expect_pointer(guide.on(workspace.torch_version), item.claim, run.details)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -209,24 +274,50 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             )
         if workspace is not None:
             workspace.save()  # only what `Workspace.approve_guide` recorded, whole guides
-        refused = any(isinstance(d, NotApprovable) for d in findings.approvals.values())
-        if refused and session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a refused approval is not a clean run
     reader.describe_torch()
     report = findings.report
     report.broken = list(findings.broken.values())
     if findings.lock_error is not None:
         report.broken.append(str(findings.lock_error))
-    if (findings.broken or findings.lock_error) and session.exitstatus in (
-        pytest.ExitCode.OK,
-        pytest.ExitCode.TESTS_FAILED,
-        pytest.ExitCode.NO_TESTS_COLLECTED,
-    ):
-        session.exitstatus = BROKEN_INPUT
-    report.exit_code = int(session.exitstatus)
+    if options.torch_source:
+        report.claims_not_run = (
+            f"--torch-source previews the source only; install torch {report.torch_version or 'of that source'} "
+            "and run `pytest readings/` there to run them"
+        )
+    judged = bool(report.guides or report.broken or options.drift_report or options.approve_ids is not None)
+    if judged:  # a session of guides (or one asked for a report): its exit code is its outcome's
+        outcome = _judge(report, int(session.exitstatus), reporting=options.drift_report is not None)
+        report.outcome = outcome.value
+        # pytest's own usage error is raised past this hook: its 4 is the exit code, whatever is set here
+        code = PYTEST_USAGE_ERROR if session.exitstatus == PYTEST_USAGE_ERROR else exit_code(outcome, options.fail_on)
+        session.exitstatus, report.exit_code = code, code
+    else:
+        report.exit_code = int(session.exitstatus)
     if options.drift_report is not None:
         findings.written = write_drift_report(options.drift_report, report)
     _remember(reader)
+
+
+_PYTEST_BROKE = {  # pytest's own statuses that leave the gate without a verdict
+    PYTEST_INTERRUPTED: "pytest was interrupted (Ctrl-C, or errors while collecting tests; its exit 2)",
+    PYTEST_INTERNAL_ERROR: "pytest stopped on an internal error (its exit 3)",
+    PYTEST_USAGE_ERROR: "pytest refused its command line (a usage error): exit 4",
+}
+
+
+def _judge(report: SessionReport, status: int, *, reporting: bool) -> Outcome:
+    """The session's outcome: its findings, and what only pytest knows (it stopped, or ran nothing)."""
+    found = outcome_of(report)
+    if status in _PYTEST_BROKE:
+        report.broken.append(_PYTEST_BROKE[status])
+        return Outcome.BROKEN
+    if status == PYTEST_NO_TESTS and reporting:  # a gate run that judged nothing has no verdict to give
+        report.broken.append("no test ran (pytest's exit 5): the selection left no guide item")
+        return Outcome.BROKEN
+    if status == pytest.ExitCode.TESTS_FAILED and found is Outcome.CLEAN:
+        report.broken.append("pytest reported a failure that no guide item or test report shows")
+        return Outcome.BROKEN
+    return found
 
 
 def _remember(reader: ReaderSession) -> None:
@@ -266,5 +357,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if findings.written:
         json_path, md_path = findings.written
         terminalreporter.write_line(f"drift report: {reader.display(json_path)}, {reader.display(md_path)}")
+        beside = json_path.parent
+        terminalreporter.write_line(
+            f"summary: {reader.display(beside / 'summary.md')}, {reader.display(beside / 'summary.json')}"
+        )
     if findings.progress_problem:
         terminalreporter.write_line(findings.progress_problem, yellow=True)

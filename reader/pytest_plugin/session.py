@@ -4,8 +4,9 @@
   error before anything is collected).
 - `Resources`: torch's source, the workspace over it and the check runner, opened on first use and closed at
   the end, so a session that runs no guide item never reads torch or starts a rank pool.
-- `Findings`: what collection and the items found (guides, broken input, the approvals decided); the exit code,
-  the terminal summary and the drift report are made from it.
+- `Findings`: what collection and the items found (guides, broken input, the approvals decided, the other tests
+  that failed); the outcome and exit code (`reader.gate.outcome`), the terminal summary and the drift report are
+  made from it.
 
 `ReaderSession` bundles the three with `Display`; ``session_of(config)`` finds it.
 """
@@ -20,7 +21,9 @@ import pytest
 
 from reader.format.parse import GuideRegistry
 from reader.gate.approval import NotApprovable, force_reason
+from reader.gate.drift_report import reserved_name
 from reader.gate.lock import LockError
+from reader.gate.outcome import DEFAULT_FAIL_ON
 from reader.gate.report import SessionReport
 from reader.gate.workspace import LOCK_NAME, GuideApproval, Workspace
 from reader.pytest_plugin.runner import CheckRunner, PoolRunner
@@ -51,10 +54,13 @@ class Options:
     drift_report: Path | None
     torch_source: str | None  # --torch-source: preview anchors against another torch
     force: str | None = None  # --force: why a guide is approved although a claim failed or did not run
+    fail_on: str = DEFAULT_FAIL_ON  # --fail-on: the least severe outcome that fails the session
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Options:
         report = config.getoption("drift_report")
+        if report and (clash := reserved_name(Path(report))):
+            raise pytest.UsageError(clash)
         approve_ids = _approve_ids(config.getoption("approve"))
         torch_source = config.getoption("torch_source") or None
         forced = config.getoption("force")
@@ -75,6 +81,7 @@ class Options:
             drift_report=Path(report) if report else None,
             torch_source=torch_source,
             force=force,
+            fail_on=config.getoption("fail_on") or DEFAULT_FAIL_ON,
         )
 
     @property
@@ -171,7 +178,7 @@ class ReaderSession:
         self.display = Display((config.invocation_params.dir, config.rootpath))
         self.options = Options.from_config(config)
         self.resources = Resources(config, self.options, self.display)
-        report = SessionReport(None, None, "", self.display(self.options.lock_path))
+        report = SessionReport(None, None, "", self.display(self.options.lock_path), fail_on=self.options.fail_on)
         self.findings = Findings(report, GuideRegistry(self.display))
 
     def describe_torch(self) -> None:

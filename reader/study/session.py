@@ -12,6 +12,7 @@ from reader.format.errors import GuideError
 from reader.format.guide import Guide
 from reader.format.parse import find_readings, load_all
 from reader.gate.lock import LockError
+from reader.gate.outcome import Outcome
 from reader.gate.report import SessionReport
 from reader.gate.workspace import LOCK_NAME, Workspace
 from reader.source.checkref import CheckFinder
@@ -19,7 +20,8 @@ from reader.source.files import relative_to_cwd
 from reader.source.torch_source import SourceError, open_source
 from reader.views.fit import indented
 
-CLEAN, DRIFT, BROKEN = 0, 1, 2
+CLEAN, FAILED, BROKEN, REREAD = (o.code for o in (Outcome.CLEAN, Outcome.BEHAVIOUR, Outcome.BROKEN, Outcome.REREAD))
+DRIFT = FAILED  # exit 1 under its old name, which the study commands still import: a claim failed, not drift
 
 
 @dataclass
@@ -57,6 +59,12 @@ def open_session(args: argparse.Namespace, console: Console) -> Session | int:
         ids = [g.id for g in guides]
         resolved = [(given, guide_named(given, ids)) for given in args.guide_ids]
         unknown = [(given, found) for given, found in resolved if not isinstance(found, str)]
+        asked_broken = _broken_named([given for given, _ in unknown], broken)
+        if asked_broken:  # the guide exists but does not parse: its problems, not "unknown guide id"
+            for error in asked_broken:
+                console.print(error.render(relative_to_cwd(error.problems[0].path)), style="red", markup=False)
+            console.print("fix the guide's problems above, then run the command again", markup=False)
+            return BROKEN
         if unknown:
             for given, close in unknown:
                 hint = f" (did you mean {', '.join(close)}?)" if close else ""
@@ -83,8 +91,17 @@ def open_session(args: argparse.Namespace, console: Console) -> Session | int:
     )
     report.broken = [error.render() for error in broken]
     for error in broken:
-        console.print(f"[red]{error.render()}[/]", highlight=False, markup=False)
+        # The problems quote the guide (TOML, `[[claims]]`): printed as text, never read as markup.
+        console.print(error.render(), style="red", highlight=False, markup=False)
     return Session(workspace, guides, broken, report)
+
+
+def _broken_named(given: list[str], broken: list[GuideError]) -> list[GuideError]:
+    """The guides that failed to parse that ``given`` names, by their file's name (``05-broken``, ``05``, a
+    prefix): their id could not be read, and the file is named after it."""
+    stems = {error.problems[0].path.stem: error for error in broken}
+    named = [guide_named(name, list(stems)) for name in given]
+    return [stems[found] for found in named if isinstance(found, str)]
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:

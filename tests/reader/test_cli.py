@@ -30,7 +30,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
 
 def test_drift_then_approve_then_clean(readings: Path, installed_tree: TorchTree, capsys):
     code, out = run(capsys, "drift")
-    assert code == 1 and "not yet approved" in out
+    assert code == 6 and "not yet approved" in out  # drift: re-read only
     code, out = run(capsys, "approve", "04-forward-prefetch")
     assert code == 0 and "04-forward-prefetch/prefetch (was: not yet approved; torch 2.13.0)" in out
     assert "wrote readings/anchors.lock" in out
@@ -45,13 +45,13 @@ def test_drift_shows_the_diff_and_writes_a_report(readings: Path, installed_tree
     run(capsys, "approve")
     installed_tree.edit(RUNTIME, "handle._prefetched = True", "handle._prefetched = False")
     code, out = run(capsys, "drift", "--report", "out/drift.json")
-    assert code == 1
+    assert code == 6
     assert "code changed: the code changed" in out
     assert "+    handle._prefetched = False" in out and "-    handle._prefetched = True" in out
     assert "pytest readings/04-forward-prefetch.md --approve=04-forward-prefetch" in out
     report = json.loads(Path("out/drift.json").read_text())
-    assert report["exit_code"] == 1 and report["guides"][0]["anchors"][0]["drift"] == "code changed"
-    assert Path("out/drift.md").read_text().startswith("## fsdp-readings: drift or failed claims")
+    assert report["exit_code"] == 6 and report["guides"][0]["anchors"][0]["drift"] == "code changed"
+    assert Path("out/drift.md").read_text().startswith("## fsdp-readings: re-read (claims did not run) · torch 2.13")
 
 
 def test_approve_shows_what_it_records_and_refuses_removed(readings: Path, installed_tree: TorchTree, capsys):
@@ -63,7 +63,7 @@ def test_approve_shows_what_it_records_and_refuses_removed(readings: Path, insta
     installed_tree.edit(RUNTIME, "handle._prefetched = 1", "handle._prefetched = 2")
     installed_tree.edit("torch/distributed/fsdp/_flat_param.py", "def unshard(self):", "def unshard_now(self):")
     code, out = run(capsys, "approve")
-    assert code == 1
+    assert code == 6  # refused: `unshard` cannot be pinned until the guide is re-read
     assert "removed: torch.distributed.fsdp._flat_param has no `FlatParamHandle.unshard`" in out
     assert "`FlatParamHandle.unshard_now`" in out
     assert (readings / "anchors.lock").read_text() == lock  # all or nothing: the new `prefetch` is not kept
@@ -74,7 +74,7 @@ def test_broken_input_and_bad_arguments_exit_2(readings: Path, installed_tree: T
     code, out = run(capsys, "drift")
     assert code == 2 and "readings/05-broken.md:2: malformed TOML front matter" in out
     code, _ = run(capsys, "drift", "04-forward-prefetch")  # problems of guides not asked about do not count
-    assert code == 1
+    assert code == 6
     code, out = run(capsys, "approve", "no-such-guide")
     assert code == 2 and "unknown guide id: no-such-guide" in out
     code, out = run(capsys, "drift", "--torch-source", str(tmp_path / "missing.whl"))
@@ -107,3 +107,55 @@ def test_approving_everything_drops_entries_of_deleted_guides(readings: Path, in
     code, out = run(capsys, "approve")
     assert code == 0 and "dropped stale lock entry 05-gone/prefetch" in out
     assert "05-gone" not in (readings / "anchors.lock").read_text()
+
+
+def test_drift_names_a_guide_that_does_not_parse_instead_of_calling_it_unknown(readings: Path, capsys):
+    (readings / "05-broken.md").write_text('+++\nid = "05-broken"\ntitle = [\n+++\n')
+    for given in ("05-broken", "05"):
+        code, out = run(capsys, "drift", given)
+        assert code == 2, out
+        assert "unknown guide id" not in out
+        assert "readings/05-broken.md:2: malformed TOML front matter" in out
+        assert "fix the guide's problems above, then run the command again" in out
+
+
+@pytest.mark.parametrize("colour", [True, False])
+def test_a_broken_guide_is_printed_as_text_never_as_literal_markup(readings: Path, colour: bool):
+    from io import StringIO
+
+    from reader.commands.app import make_console
+
+    (readings / "05-broken.md").write_text("+++\nid = \n+++\n")
+    console = make_console(file=StringIO(), force_terminal=colour, color_system="standard" if colour else None,
+                           width=100)  # fmt: skip
+    assert main(["drift"], console) == 2
+    out = console.file.getvalue()
+    assert "[red]" not in out and "[/]" not in out
+    assert "readings/05-broken.md:2: malformed TOML front matter" in out
+    assert ("\x1b[31m" in out) is colour  # red when the terminal has colour, plain text when not
+
+
+def test_drift_outcomes_fail_on_and_a_report_even_when_nothing_opens(readings: Path, installed_tree, capsys, tmp_path):
+    run(capsys, "approve")
+    installed_tree.edit(RUNTIME, "handle._prefetched = True", "handle._prefetched = False")
+    code, out = run(capsys, "drift", "--fail-on", "broken")
+    assert code == 0 and "outcome: re-read (exit 0)" in out  # report-only: drift does not fail
+    code, out = run(capsys, "drift", "--report", "gate/torch.json")
+    summary = json.loads(Path("gate/summary.json").read_text())
+    assert code == 6 and (summary["outcome"], summary["exit_code"], summary["claims_ran"]) == ("re-read", 6, False)
+    assert "`fsdp-readings drift` compares the source only" in Path("gate/torch.md").read_text()
+    code, out = run(capsys, "drift", "--torch-source", str(tmp_path / "missing.whl"), "--report", "bad/torch.json")
+    assert code == 2
+    assert json.loads(Path("bad/summary.json").read_text())["outcome"] == "broken"
+    code, out = run(capsys, "drift", "--report", "gate/summary.md")
+    assert code == 2 and "summary.json and summary.md are the gate's summary" in out
+
+
+def test_the_help_of_drift_says_what_it_exits_with():
+    from tests.study.test_study_fixes import _help
+
+    text = " ".join(_help("drift").split())
+    assert "(exit 0 clean, 6 drift, 2 broken)" in text and "1 drift" not in text
+    assert "exit status: 0 clean, 6 anchors drift (re-read the guides), 2 broken input" in text
+    approve = " ".join(_help("approve").split())
+    assert "1 refused: a claim failed" in approve and "6 refused: an anchor cannot be pinned" in approve

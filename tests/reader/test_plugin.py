@@ -138,7 +138,7 @@ def test_items_have_stable_ids_and_start_unapproved(project: pytest.Pytester):
         ]
     )
     result = project.runpytest("readings")
-    assert result.ret == 1
+    assert result.ret == 6  # drift alone, every claim held: re-read only
     result.assert_outcomes(failed=2, passed=2)
     result.stdout.fnmatch_lines(
         [
@@ -166,7 +166,7 @@ def test_approve_round_trip(project: pytest.Pytester, installed_tree: TorchTree)
     # A code change fails the anchor with a readable diff, both locations and the approve command.
     installed_tree.edit(RUNTIME, "handle._prefetched = True", "handle._prefetched = prefetch_mode is not None")
     changed = project.runpytest("readings")
-    assert changed.ret == 1
+    assert changed.ret == 6
     changed.assert_outcomes(failed=1, passed=1)
     changed.stdout.fnmatch_lines(
         [
@@ -397,7 +397,7 @@ def test_preview_a_wheel_and_write_a_drift_report(project: pytest.Pytester, inst
     wheel = installed_tree.wheel(tmp_path / "torch-2.14.0-cp311-cp311-linux_x86_64.whl")
     installed_tree.edit(RUNTIME, "handle._prefetched = False", "handle._prefetched = True")  # installed = approved
     result = project.runpytest("readings", "--torch-source", str(wheel), "--drift-report", "drift.json", "-rs")
-    assert result.ret == 1
+    assert result.ret == 6
     result.assert_outcomes(passed=2, failed=1, skipped=2)
     result.stdout.fnmatch_lines_random(
         [
@@ -409,7 +409,7 @@ def test_preview_a_wheel_and_write_a_drift_report(project: pytest.Pytester, inst
     )
     report = json.loads((project.path / "drift.json").read_text())
     assert report["torch"] == {"version": "2.14.0", "git_version": "f" * 40, "source": f"wheel at {wheel}"}
-    assert report["exit_code"] == 1
+    assert report["exit_code"] == 6 and report["outcome"] == "re-read"
     anchors = {a["name"]: a for a in report["guides"][0]["anchors"]}
     assert (
         anchors["prefetch"]["drift"] == "code changed"
@@ -421,7 +421,7 @@ def test_preview_a_wheel_and_write_a_drift_report(project: pytest.Pytester, inst
     ]
     assert anchors["limit"]["drift"] == "cosmetic" and anchors["unshard"]["drift"] == "unchanged"
     markdown = (project.path / "drift.md").read_text()
-    assert "## fsdp-readings: drift or failed claims" in markdown
+    assert markdown.startswith("## fsdp-readings: re-read (claims did not run) · torch 2.14.0\n")
     assert "#### code changed (1): the code changed" in markdown and "  ```diff" in markdown
     assert "- `04-forward-prefetch/limit`: cosmetic" in markdown
 
@@ -467,24 +467,28 @@ def test_the_upgrade_report_says_what_to_reread_and_what_changed_in_behaviour(
     installed_tree.edit(RUNTIME, "handle._prefetched = True", "handle._prefetched = False")
     installed_tree.edit("torch/distributed/fsdp/_flat_param.py", "def unshard(self):", "def unshard(self, now=True):")
     installed_tree.set_version("2.15.0")
-    assert project.runpytest("readings", "--drift-report", "gate.md").ret == 1
+    assert project.runpytest("readings", "--drift-report", "gate.md").ret == 1  # a claim failed: behaviour changed
     markdown = (project.path / "gate.md").read_text()
     lines = markdown.splitlines()
     text = (project.path / GUIDE).read_text().splitlines()
     fences = [i + 1 for i, line in enumerate(text) if line.startswith("```source")]
     notes = [i + 1 for i, line in enumerate(text) if line.startswith("note ")]
     claim_line = next(i for i, line in enumerate(text) if line == 'id = "order-breaks"')  # its [[claims]]
-    assert "**2 of 2 anchors to re-read** in 1 guide: 1 signature changed, 1 code changed." in markdown
+    assert markdown.startswith("## fsdp-readings: behaviour changed · torch 2.15.0\n")
+    # `prefetch`'s code changed under its note `handle._prefetched = True`: the lost note blocks its approval, so
+    # it is "pattern lost", with its code change named beside it.
+    assert "**2 of 2 anchors to re-read** in 1 guide: 1 pattern lost, 1 signature changed." in markdown
     assert "**2 claims failed**; 0 of 2 hold, 0 skipped." in markdown
     reread = lines[lines.index("### What to re-read") + 2]
     assert reread == (
-        f"- [ ] `04-forward-prefetch`: `prefetch` (code changed), `unshard` (signature changed) — {GUIDE} lines "
-        f"{fences[0]}-{notes[2]}"  # two blocks a few lines apart: one passage
+        "- [ ] `04-forward-prefetch`: `prefetch` (pattern lost: 1 note, and code changed), `unshard` (signature "
+        f"changed) — {GUIDE} lines {fences[0]}-{notes[2]}"  # two blocks a few lines apart: one passage
     )
     assert f"| `04-forward-prefetch` | `order-breaks` | {GUIDE}:{claim_line} | `prefetch-order` | " in markdown
     # The guide's section: classes by severity, each anchor with where the guide quotes it and its diff.
     section = markdown[markdown.index("### `04-forward-prefetch`") :]
-    assert section.index("#### signature changed (1)") < section.index("#### code changed (1)")
+    assert section.index("#### pattern lost (1)") < section.index("#### signature changed (1)")
+    assert "  - approval is blocked until its lost notes are repinned; the code changed too" in section
     assert (
         f"  - the guide: quoted at {GUIDE}:{fences[0]}; notes at lines {notes[0]}-{notes[1]}; "
         "evidence for claims `order-holds`" in section
@@ -509,7 +513,7 @@ def test_guides_for_other_torch_versions_are_skipped(project: pytest.Pytester):
 def test_approve_option_mistakes(project: pytest.Pytester):
     write_guide(project, guide(anchors=PREFETCH_ANCHOR))
     swallowed = project.runpytest("--approve", "readings")
-    assert swallowed.ret == pytest.ExitCode.USAGE_ERROR
+    assert swallowed.ret == 2  # broken input, as in every front end
     swallowed.stderr.fnmatch_lines(["*--approve took `readings` as a guide id. Put paths before --approve*"])
     unknown = project.runpytest("readings", "--approve=04-forward-prefetc")
     assert unknown.ret == 2
@@ -530,7 +534,7 @@ def test_pattern_lost_in_a_note_points_at_the_note(project: pytest.Pytester, ins
     assert project.runpytest("readings", "--approve").ret == 0
     write_guide(project, guide(anchors=PREFETCH_ANCHOR, body=BODY.replace("handle._prefetched", "handle.prefetched")))
     result = project.runpytest("readings")
-    assert result.ret == 1
+    assert result.ret == 6
     result.stdout.fnmatch_lines(
         [
             "*drifted: pattern lost",
@@ -573,6 +577,9 @@ def test_a_predict_answer_is_checked_against_the_run(project: pytest.Pytester, a
         result.stdout.fnmatch_lines(
             ["*predict `rank-zero-value`: the guide answers 1; the run of `forward-order` observed 0 at `.`*"]
         )
+        # Every claim held, and yet a behaviour the guide states changed: the gate says so.
+        assert result.ret == 1
+        result.stdout.fnmatch_lines(["outcome: behaviour-changed (exit 1)"])
     # Two questions and the claim item share one run of forward-order.
     assert [r["target"] for r in requests(project)].count("fakechecks.prefetch:forward_order") == 2  # 2 claims
 
@@ -581,9 +588,12 @@ def test_a_predict_question_fails_when_its_claim_fails(project: pytest.Pytester)
     failing = PREDICT_BODY.format(answer=0)
     claims = CLAIMS.replace('kwargs = { fake = "ok" }', 'kwargs = { fake = "fail" }', 1)
     write_guide(project, guide(anchors=PREFETCH_ANCHOR, claims=claims, body=failing))
-    result = project.runpytest("readings", "-k", "predict")
+    result = project.runpytest("readings", "-k", "predict", "--drift-report", "gate/r.json")
     result.assert_outcomes(failed=2, deselected=3)
     result.stdout.fnmatch_lines(["*predict `no-observe`: its claim `forward-order` did not pass*"])
+    assert result.ret == 1  # its claim item was deselected: the predict items' failures carry the verdict
+    summary = json.loads((project.path / "gate" / "summary.json").read_text())
+    assert summary["outcome"] == "behaviour-changed" and len(summary["other_failures"]) == 2
 
 
 XFAIL_CLAIM = """
@@ -806,7 +816,7 @@ def test_forcing_an_approval_keeps_the_reason_and_the_failed_claims(project: pyt
 def test_approval_needs_every_claim_of_the_guide_to_run(project: pytest.Pytester):
     write_guide(project, guide(anchors=PREFETCH_ANCHOR, claims=APPROVE_CLAIMS.replace('"fail"', '"ok"'), body=BODY))
     result = project.runpytest("readings", "--approve=04-forward-prefetch", "-k", "anchor or holds")
-    assert result.ret == 1
+    assert result.ret == 6  # not approved: its anchors still drift
     result.stdout.fnmatch_lines(["    claim `breaks` did not run in this session (deselected, *"])
     assert lock_text(project) is None
     assert project.runpytest("readings", "--approve=04-forward-prefetch").ret == 0
@@ -833,13 +843,13 @@ def test_approval_options_that_cannot_record_the_truth_are_usage_errors(
     write_guide(project, guide(anchors=PREFETCH_ANCHOR))
     wheel = installed_tree.wheel(tmp_path / "torch-2.15.0-cp311-cp311-linux_x86_64.whl", version="2.15.0")
     preview = project.runpytest("readings", "--approve", "--torch-source", str(wheel))
-    assert preview.ret == pytest.ExitCode.USAGE_ERROR
+    assert preview.ret == 2
     preview.stderr.fnmatch_lines(["*--approve records what ran on the installed torch, and with --torch-source*"])
     forced = project.runpytest("readings", "--force=a reason with no approval")
-    assert forced.ret == pytest.ExitCode.USAGE_ERROR
+    assert forced.ret == 2
     forced.stderr.fnmatch_lines(["*--force gives the reason to approve a guide anyway: use it with --approve=<id>*"])
     terse = project.runpytest("readings", "--approve", "--force=ok")
-    assert terse.ret == pytest.ExitCode.USAGE_ERROR
+    assert terse.ret == 2
     terse.stderr.fnmatch_lines(["*--force needs the reason a person approves anyway, in words*"])
     assert lock_text(project) is None
 
@@ -857,7 +867,7 @@ def test_a_bare_approve_lists_the_guides_to_approve_when_there_are_several(proje
         ]
     )
     assert lock_text(project) is None
-    assert project.runpytest("readings", "--approve=05-other").ret == 1  # 04 still drifts
+    assert project.runpytest("readings", "--approve=05-other").ret == 6  # 04 still drifts
     assert project.runpytest("readings", "--approve").ret == 0  # one left: that one
     assert set(json.loads(lock_text(project) or "{}")["guides"]) == {"04-forward-prefetch", "05-other"}
 
@@ -911,7 +921,7 @@ def test_approval_is_all_or_nothing_when_an_anchor_cannot_be_pinned(
     installed_tree.edit(RUNTIME, "handle._prefetched = True", "handle._prefetched = 1")  # pinnable: code changed
     installed_tree.edit("torch/distributed/fsdp/_flat_param.py", "def unshard(self):", "def unshard_now(self):")
     result = project.runpytest("readings", "--approve=04-forward-prefetch")
-    assert result.ret == 1
+    assert result.ret == 6  # refused: an anchor cannot be pinned; re-read, then repin
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines(
         [
