@@ -18,9 +18,9 @@ The rules, with where they are read:
    whatever no unit took.
 2. Counting (``_recursive_wrap`` 532-534, 557). A module's numel is its subtree's distinct tensors, counted before
    any of its children is wrapped; a wrapped child reports its whole count, an unwrapped one what its own
-   descendants took. A tie across two subtrees is counted in each, so the parent's remainder counts it twice
-   removed. A tensor a unit outside the subtree already took would be counted at its shard's size, which differs
-   between ranks: the model refuses that case (`RankDependentCount`).
+   descendants took. A tensor a unit outside the subtree already took (a tie across subtrees) would be counted
+   (``use_orig_params=True``) at the size of the rank's slice of that unit's shard, which may differ between
+   ranks: the model refuses that case (`RankDependentCount`).
 3. The policies. ``ModuleWrapPolicy`` / ``transformer_auto_wrap_policy``: every instance of the classes
    (``_module_wrap_policy`` 173-175). ``lambda_auto_wrap_policy``: where ``lambda_fn`` says True (293-295).
    ``size_based_auto_wrap_policy`` (372-392): large is ``numel >= min_num_params`` (default ``int(1e8)``);
