@@ -59,12 +59,12 @@ def test_show_ends_with_the_next_guide_on_the_path() -> None:
     tail = " ".join(out.split()[-14:])
     assert "next: 07-pre-backward (The FSDP1 step, 5 of 8) fsdp-readings show 07-pre-backward" in tail
     code, out = run(["show", "11-final-callback-and-hybrid-shard"])  # the end of a track: the next track
-    assert "next: 02-root-and-lazy-init (Around the step, 1 of 3)" in " ".join(out.split())
+    assert "next: 20-auto-wrap (Around the step, 1 of 4)" in " ".join(out.split())
 
 
 def test_check_and_predict_end_with_the_next_guide(pool: PoolManager, data_dir: Path, tmp_path: Path) -> None:
     code, out = run(["check", GUIDE, "only-outermost-is-root"], pool)
-    assert code == 0 and "next: 05-mixed-precision (Around the step, 2 of 3)" in " ".join(out.split())
+    assert code == 0 and "next: 05-mixed-precision (Around the step, 3 of 4)" in " ".join(out.split())
     answers = tmp_path / "a.toml"
     answers.write_text('is-root-at-construction = "b"\nmismatch-surfaces = "b"\nroot-all-gather-at-4 = "1"\n')
     code, out = run(["predict", GUIDE, "--no-run", "--answers", str(answers)], pool)
