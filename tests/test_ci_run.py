@@ -49,7 +49,7 @@ def test_a_readme_without_its_quick_start_is_named() -> None:
         commands("## Quick start\n\n```bash\n# a comment\nls\n```\n")
 
 
-def _checkout(tmp_path: Path, second: str, first: str = "echo first >> \"$CALLS\"") -> Path:
+def _checkout(tmp_path: Path, second: str, first: str = 'echo first >> "$CALLS"') -> Path:
     checkout = tmp_path / "checkout"
     (checkout / ".ci").mkdir(parents=True)
     for name in ("run", "quick_start.py"):
@@ -129,7 +129,7 @@ def test_the_default_leg_reruns_the_first_command_on_torch_2_15_in_a_copy_that_i
 
 def test_a_leg_carries_tracked_and_untracked_files_but_not_the_venv(tmp_path: Path) -> None:
     # the run on the checkout leaves a mark in its .venv; the leg lists its copy and the copy's .venv
-    mark = 'case $pin in *2.13.0) touch .venv/from-the-checkout;; esac'
+    mark = "case $pin in *2.13.0) touch .venv/from-the-checkout;; esac"
     listing = 'echo "$(ls -a | tr "\\n" " ") venv: $(ls .venv/bin .venv | tr "\\n" " ")" >> "$CALLS"'
     first = f"{PINNED} && {mark} && {listing}"
     checkout = _clean_clone(tmp_path, first)

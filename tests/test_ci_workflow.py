@@ -116,6 +116,20 @@ def test_the_matrix_covers_every_version_the_lock_approves(job: dict[str, Any]):
     assert job["env"] == {"TORCH": "${{ matrix.torch }}", "REPORTS": "gate-reports", "FAIL_ON": "re-read"}
 
 
+def test_readme_the_workflow_and_ci_name_the_releases_of_the_lock_s_matrix(job: dict[str, Any]):
+    """One list of approved releases, said four times: the lock's matrix, the workflow's legs, README's sentence
+    and `.ci/run`'s default legs (which the first command already covers on 2.13.0)."""
+    import re
+
+    matrix = list(Lock.load(REPO / "readings" / "anchors.lock").matrix)
+    assert matrix and job["strategy"]["matrix"]["torch"] == matrix
+    said = re.search(r"The guides are approved on torch ([0-9., and]+?):", (REPO / "README.md").read_text())
+    assert said, "README's `Supported torch` paragraph names the approved releases"
+    assert re.split(r", | and ", said.group(1)) == matrix
+    legs = re.search(r"CI_TORCH_LEGS-([0-9. ]+)\}", (REPO / ".ci" / "run").read_text())
+    assert legs and set(legs.group(1).split()) <= set(matrix)
+
+
 def test_it_runs_only_when_torch_pins_or_guides_change_and_a_push_supersedes_the_last(workflow: dict[Any, Any]):
     triggers = workflow.get("on", workflow.get(True))  # YAML 1.1 reads a bare `on` as true
     assert set(triggers["pull_request"]["paths"]) == {

@@ -17,8 +17,9 @@ from reader.format.predict import PredictQuestion
 from reader.gate.approval import ClaimResult, NotApprovable, force_reason
 from reader.gate.drift import Drift, DriftKind
 from reader.gate.drift_report import reserved_name, write_drift_report
+from reader.gate.lock import LockError
 from reader.gate.outcome import DEFAULT_FAIL_ON, FAIL_ON, Outcome, exit_code, worst
-from reader.gate.releases import release
+from reader.gate.releases import release, sorted_releases
 from reader.gate.report import AnchorRow, SessionReport, anchor_row, drift_panel, summary
 from reader.gate.workspace import Workspace
 from reader.source.checkref import CheckFinder
@@ -43,7 +44,6 @@ exit status: 0 clean, 6 anchors drift (re-read the guides), 2 broken input"""
 
 def configure_drift(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    # The command list's one-liner (reader.commands.app) still says "1 drift"; the help says what drift exits.
     parser.description = "compare the guides' anchors with the approved source (exit 0 clean, 6 drift, 2 broken)"
     parser.epilog = DRIFT_EXAMPLES
     add_common(parser)
@@ -317,7 +317,33 @@ def run_list(args: argparse.Namespace, console: Console) -> int:
     console.print(
         _list_table(title, rows) if console.width >= WIDE else _list_lines(title, rows, console.width), soft_wrap=False
     )
+    console.print(_release_status(session.workspace, [guide.id for guide in session.guides]))
     return BROKEN if session.broken else CLEAN
+
+
+def _release_status(workspace: Workspace, guide_ids: list[str]) -> Text:
+    """Whether the installed torch is an approved release: one every guide was re-read and approved on (its
+    claims passing there), and which releases are. A lock that cannot be read is reported by the anchors column."""
+    try:
+        lock = workspace.lock
+    except LockError:
+        return Text("")
+    try:
+        here = release(workspace.torch_version)
+    except ValueError:
+        here = workspace.torch_version
+    on_every = set.intersection(*(set(lock.releases_of(g)) for g in guide_ids)) if guide_ids else set()
+    releases = ", ".join(sorted_releases(on_every)) or "none"
+    if here in on_every:
+        return Text.assemble((f"torch {here} is an approved release", "green"), f": every guide was re-read and "
+                             f"approved on it, its claims passing. Approved releases: {releases}.")  # fmt: skip
+    missing = [g for g in guide_ids if here not in lock.releases_of(g)]
+    which = "no guide" if len(missing) == len(guide_ids) else f"{len(missing)} of {len(guide_ids)} guides"
+    return Text.assemble(
+        (f"torch {here} is not an approved release", "yellow"),
+        f" ({which} approved on it). Approved releases: {releases}. `fsdp-readings drift` shows what its source "
+        "changed; the claims re-prove the behaviour.",
+    )
 
 
 def _list_table(title: str, rows: list[tuple[Guide, tuple[tuple[str, Text], ...]]]) -> Table:
