@@ -9,6 +9,9 @@ first, so the model's input is what torch used.
 
 from __future__ import annotations
 
+import os
+import sys
+import types
 from typing import Any
 
 import torch
@@ -17,9 +20,10 @@ from torch import nn
 from checks.models.fsdp2_prefetch import all_gathers, all_gathers_by_formula, lookahead, prefetches, step_sequence
 from checks.naming import ROOT, unit_name
 from checks.probes import assert_sequence, record_comm, record_events
+from checks.probes.calls import is_plumbing
 from checks.probes.memory_series import record_forward_memory
 from checks.ranks.context import RankContext
-from checks.violation import Violation, require_equal
+from checks.violation import Violation, require, require_equal
 from checks.workloads import toy
 from checks.workloads.gpt import batch, fsdp2_gpt
 from mini_gpt import preset
@@ -294,6 +298,170 @@ def order_of_this_step(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
     return out
 
 
+# -- where and when the post-forward order is cleared ---------------------------------------------------------
+
+_FULLY_SHARD_DIR = f"{os.sep}torch{os.sep}distributed{os.sep}fsdp{os.sep}_fully_shard{os.sep}"
+
+
+def fully_shard_path(frame: types.FrameType | None) -> list[str]:
+    """The ``fully_shard`` functions on the stack from ``frame`` outwards, outermost first, as qualified names
+    (``FSDPState._root_post_backward_final_callback``). Decorators' wrappers (``_dynamo_disable``'s ``wrapper``,
+    local functions), the event recorder's trampolines and everything outside ``torch/distributed/fsdp/_fully_shard/``
+    are left out."""
+    path = []
+    while frame is not None:
+        code = frame.f_code
+        if _FULLY_SHARD_DIR in code.co_filename and "<locals>" not in code.co_qualname and not is_plumbing(frame):
+            path.append(code.co_qualname)
+        frame = frame.f_back
+    return path[::-1]
+
+
+class WatchedOrder(list):
+    """A ``post_forward_order`` that notes every ``clear()``: who called it (`fully_shard_path`) and how many entries
+    it held. Otherwise the list torch had, same entries."""
+
+    def __init__(self, entries: list[Any]) -> None:
+        super().__init__(entries)
+        self.clears: list[dict[str, Any]] = []
+
+    def clear(self) -> None:
+        self.clears.append({"path": fully_shard_path(sys._getframe(1)), "entries": len(self)})
+        super().clear()
+
+
+def watch_order(model: nn.Module) -> WatchedOrder:
+    """Swap the root's ``post_forward_order`` for a `WatchedOrder` holding the same entries. The comm context
+    creates the list at lazy init (the first forward), and every group reads it through the one shared
+    ``comm_ctx``, so call this after a forward has started."""
+    state = model._get_fsdp_state()
+    groups = [group for each in state._state_ctx.all_states for group in each._fsdp_param_groups]
+    watched = WatchedOrder(state._comm_ctx.post_forward_order)
+    state._comm_ctx.post_forward_order = watched
+    for group in groups:
+        require(group.comm_ctx is state._comm_ctx, "comm-ctx-not-shared", f"group {group._module_fqn!r} reads "
+                "another comm context than the root's")  # fmt: skip
+    return watched
+
+
+def _paths(stated: list[str]) -> dict[str, list[str]]:
+    """``label  A → B → C`` lines: the call path of each label, outermost first."""
+    return {line.split()[0]: [part.strip() for part in line.split(None, 1)[1].split("→")] for line in stated}
+
+
+def _require_clears(
+    order: WatchedOrder, since: int, expected: list[tuple[list[str], int]], *, what: str, **where: Any
+) -> None:  # fmt: skip
+    """The clears noted after the first ``since`` are ``expected``: (call path, entries held) each."""
+    seen = [(clear["path"], clear["entries"]) for clear in order.clears[since:]]
+    require_equal(seen, expected, reason="clear-path-differs", what=f"{what}: clears of the order (path, entries)",
+                  **where)  # fmt: skip
+
+
+def order_cleared_at_step_end(ctx: RankContext, paths: list[str], lengths: list[str]) -> dict[str, Any]:
+    """mini_gpt under the default settings: the post-forward order is cleared once per step, at the end of the
+    backward that is the last one (``is_last_backward``), through the guide's call path; a backward with
+    ``set_is_last_backward(False)`` keeps it, so the next forward appends to it. The list's length after each
+    forward and backward is the guide's table, which is n + 1 entries per forward since the last clear."""
+    path = _paths(paths)["automatic"]
+    want = [(" ".join(line.split()[:-1]), int(line.split()[-1])) for line in lengths]
+    per_forward, held, derived = len(BLOCKS) + 1, 0, []
+    for label, _ in want:
+        held = held + per_forward if label.startswith("forward") else held if "not last" in label else 0
+        derived.append((label, held))
+    require_equal(want, derived, reason="lengths-differ-from-formula", what="the guide's table, against n + 1 "
+                  "entries per forward since the last clear")  # fmt: skip
+    model = fsdp2_gpt(ctx, None)
+    observed: list[tuple[str, int]] = []
+    order: WatchedOrder | None = None
+    expected_clears: list[tuple[list[str], int]] = []
+    for label, _ in want:
+        if label.startswith("forward"):
+            loss = _loss(ctx, "gpt", model)
+            order = order if order is not None else watch_order(model)
+            observed.append((label, len(order)))
+            continue
+        assert order is not None
+        last = "not last" not in label
+        model.set_is_last_backward(last)
+        before, held_before = len(order.clears), len(order)
+        loss.backward()
+        observed.append((label, len(order)))
+        _require_clears(order, before, [(path, held_before)] if last else [], what=label, step=label)
+        if last:
+            expected_clears.append((path, held_before))
+    require_equal(observed, want, reason="order-length-differs", what="the post-forward order's length")
+    return {
+        "lengths": {label: n for label, n in observed},
+        "clears": [{"path": " → ".join(clear["path"]), "entries": clear["entries"]} for clear in order.clears],
+    }
+
+
+def manual_finalization_keeps_order(
+    ctx: RankContext, paths: list[str], prefetched: list[str], lengths: list[str]
+) -> dict[str, Any]:  # fmt: skip
+    """torch 2.15's ``set_manual_backward_finalization(True)``: backward returns with the post-forward order intact
+    and the root's reduce-scatter not issued (its post-backward is left pending by the final callback), with the
+    implicit backward prefetches unchanged; ``finalize_backward()`` issues it and clears the order through the
+    guide's path. With ``async_op=True`` the order is kept until the handle's ``wait()``, which clears it, and a
+    forward before that raises."""
+    want_paths = _paths(paths)
+    want = {" ".join(line.split()[:-1]): int(line.split()[-1]) for line in lengths}
+    model = fsdp2_gpt(ctx, None)
+    model.set_manual_backward_finalization(True)
+    observed: dict[str, int] = {}
+    with record_events(model, label="manual finalization, step 1") as events:
+        loss = _loss(ctx, "gpt", model)
+        order = watch_order(model)
+        with record_comm() as backward_comm:
+            loss.backward()
+    observed["backward, manual"] = len(order)
+    _require_clears(order, 0, [], what="backward, manual", step=1)
+    fetched = prefetches(_events(events), phase="backward")
+    require_equal(fetched, _pairs(prefetched), reason="prefetches-differ", what="manual finalization: backward "
+                  "prefetches, against the guide's implicit ones", step=1)  # fmt: skip
+    scatters = {"backward": sum(c.op == "reduce_scatter" for c in backward_comm)}
+    with record_comm() as finalize_comm:
+        model.finalize_backward()
+    scatters["finalize_backward"] = sum(c.op == "reduce_scatter" for c in finalize_comm)
+    observed["finalize_backward"] = len(order)
+    want_scatters = {"backward": len(BLOCKS), "finalize_backward": 1}  # the blocks' from autograd; the root's deferred
+    require_equal(scatters, want_scatters, reason="reduce-scatters-differ", what="reduce-scatters: one per block in "
+                  "backward, the root's in finalize_backward", step=1)  # fmt: skip
+    _require_clears(order, 0, [(want_paths["manual"], want["backward, manual"])], what="finalize_backward", step=1)
+
+    loss = _loss(ctx, "gpt", model)
+    loss.backward()
+    handle = model.finalize_backward(async_op=True)
+    observed["finalize_backward, async"] = len(order)
+    _require_clears(order, 1, [], what="finalize_backward(async_op=True)", step=2)
+    try:
+        _loss(ctx, "gpt", model)
+    except RuntimeError as error:
+        raised = str(error)
+    else:
+        raise Violation("forward-before-wait-ran", "a forward before the handle's wait() ran; torch 2.15's "
+                        "_pre_forward raises there", step=2)  # fmt: skip
+    require("must be waited on before forward" in raised, "forward-raised-otherwise", f"the forward before wait() "
+            f"raised {raised!r}", step=2)  # fmt: skip
+    handle.wait()
+    observed["wait"] = len(order)
+    _require_clears(order, 1, [(want_paths["async"], want["backward, manual"])], what="handle.wait()", step=2)
+    require_equal(observed, want, reason="order-length-differs", what="the post-forward order's length")
+    loss = _loss(ctx, "gpt", model)  # the next step starts on an empty order
+    require_equal(len(order), len(BLOCKS) + 1, reason="order-length-differs", what="after the next forward",
+                  step=3)  # fmt: skip
+    loss.backward()
+    model.finalize_backward()
+    return {
+        "lengths": observed,
+        "reduce_scatters": scatters,
+        "backward_prefetches": fetched,
+        "forward_before_wait": raised,
+        "clears": [{"path": " → ".join(clear["path"]), "entries": clear["entries"]} for clear in order.clears],
+    }
+
+
 # -- break-it recipes: this guide's behaviour bent on purpose (tests/break_it/ applies them) --------------
 
 
@@ -378,3 +546,59 @@ def keep_order_across_steps(original: Any, self: Any) -> None:
     kept = list(self._comm_ctx.post_forward_order)
     original(self)
     self._comm_ctx.post_forward_order[:0] = kept
+
+
+def last_backward_always(original: Any, self: Any) -> None:
+    """``_root_post_backward_final_callback`` that ignores ``set_is_last_backward(False)``: every backward ends the
+    iteration, so a gradient-accumulation backward clears the post-forward order too."""
+    kept = self._state_ctx.is_last_backward
+    self._state_ctx.is_last_backward = True
+    try:
+        return original(self)
+    finally:
+        self._state_ctx.is_last_backward = kept
+
+
+def callback_ignores_manual_mode(original: Any, self: Any) -> None:
+    """``_root_post_backward_final_callback`` run as if manual finalization were off (torch >= 2.15): it ends the
+    iteration itself, clearing the order and reducing the root's gradient before ``finalize_backward``."""
+    kept = self._state_ctx.manual_backward_finalization_active
+    self._state_ctx.manual_backward_finalization_active = False
+    try:
+        return original(self)
+    finally:
+        self._state_ctx.manual_backward_finalization_active = kept
+
+
+def deferred_reductions_dropped(original: Any, self: Any) -> None:
+    """``_root_post_backward_final_callback`` that forgets the post-backwards it deferred (torch >= 2.15, manual
+    finalization): ``finalize_backward`` then never reduce-scatters the root's gradient."""
+    original(self)
+    for state in self._state_ctx.all_states:
+        for group in state._fsdp_param_groups:
+            group._post_backward_pending = False
+
+
+def finalize_always_waits(original: Any, self: Any, *, wait_for_gradient_reduction: bool = True) -> None:
+    """``FSDPState.finalize_backward`` that waits even when asked not to (torch >= 2.15): an asynchronous
+    ``finalize_backward`` ends the iteration, and clears the order, before its handle is waited on."""
+    return original(self, wait_for_gradient_reduction=True)
+
+
+def forward_while_reduction_pending(original: Any, self: Any, module: Any, args: Any, kwargs: Any) -> Any:
+    """``FSDPState._pre_forward`` without torch 2.15's guard: a forward runs while an asynchronous gradient
+    reduction is still pending."""
+    pending, active = self._state_ctx.gradient_reduction_pending, self._comm_ctx.active_gradient_reduction
+    self._state_ctx.gradient_reduction_pending, self._comm_ctx.active_gradient_reduction = False, None
+    try:
+        return original(self, module, args, kwargs)
+    finally:
+        self._state_ctx.gradient_reduction_pending, self._comm_ctx.active_gradient_reduction = pending, active
+
+
+def clear_before_finalize(original: Any, self: Any) -> None:
+    """``_root_post_backward_final_callback`` that empties the post-forward order first, on a last backward, before
+    any group's ``finalize_backward`` has run: the list is cleared from the wrong place and too early."""
+    if self._state_ctx.is_last_backward and not getattr(self._state_ctx, "manual_backward_finalization_active", False):
+        self._comm_ctx.post_forward_order.clear()
+    return original(self)

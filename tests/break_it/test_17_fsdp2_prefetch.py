@@ -1,18 +1,28 @@
 """Guide 17: bend FSDP2's prefetch and watch its claims fail: a forward that prefetches as FSDP1 does, a backward
 prefetch of nothing or of the wrong entry, explicit targets ignored or cut to one, groups kept unsharded, a second
-request for a group in flight all-gathered again."""
+request for a group in flight all-gathered again; the post-forward order cleared after a backward that is not the
+last, from the wrong place, or not at all, and (torch >= 2.15) manual finalization ignored, its
+deferred reductions dropped, an asynchronous finalization that waits at once, a forward let through before wait()."""
 
 import pytest
+import torch
+from packaging.version import Version
 
 from checks.breakit.patches import returning, wrapping
 from checks.guides.g17_fsdp2_prefetch import (
+    callback_ignores_manual_mode,
+    clear_before_finalize,
+    deferred_reductions_dropped,
+    finalize_always_waits,
     first_target_only,
     forward_prefetch_like_fsdp1,
+    forward_while_reduction_pending,
     ignore_backward_targets,
     ignore_forward_targets,
     implicit_prefetch_always,
     keep_order_across_steps,
     keep_unsharded_after_forward,
+    last_backward_always,
     prefetch_two_back,
     regather_when_pending,
 )
@@ -23,6 +33,17 @@ MODULE = "torch.distributed.fsdp._fully_shard._fully_shard:FSDPModule"
 FSDP1_STYLE_FORWARD = wrapping(f"{STATE}._pre_forward", forward_prefetch_like_fsdp1)
 NO_IMPLICIT_BACKWARD = returning(f"{GROUP}._backward_prefetch", None)
 TWO_BACK = wrapping(f"{GROUP}._backward_prefetch", prefetch_two_back)
+CALLBACK = f"{STATE}._root_post_backward_final_callback"
+EVERY_BACKWARD_LAST = wrapping(CALLBACK, last_backward_always)
+CLEARED_FIRST = wrapping(CALLBACK, clear_before_finalize)
+ORDER_KEPT = wrapping(CALLBACK, keep_order_across_steps)
+TORCH_2_15 = Version(torch.__version__.split("+")[0]) >= Version("2.15")
+needs_old = pytest.mark.skipif(TORCH_2_15, reason=f"the claim is for torch < 2.15; this is {torch.__version__}")
+needs_new = pytest.mark.skipif(not TORCH_2_15, reason=f"the claim is for torch >= 2.15; this is {torch.__version__}")
+# The paths the guide states for each side (`expect clear-paths-2.13`, `clear-paths-2.15`): the callback alone, or
+# 2.15's call chain through wait_for_gradient_reduction.
+PATH_2_13 = ["FSDPState._root_post_backward_final_callback"]
+PATH_2_15 = [*PATH_2_13, "FSDPState.wait_for_gradient_reduction", "FSDPState._end_backward_iteration"]
 
 
 @pytest.mark.breaks("17-fsdp2-prefetch", "no-implicit-forward-prefetch")
@@ -109,3 +130,98 @@ def test_a_second_request_all_gathered_again_is_caught(broken) -> None:
     run = broken(wrapping(f"{GROUP}.unshard", regather_when_pending))
     assert (run.reason, run.details["reshard"], run.details["config"]) == ("all-gathers", "True", "implicit")
     assert run.details["observed"] == {"forward": 4, "backward": 7}
+
+
+# -- where and when the post-forward order is cleared: one test per bend, run on each side of torch 2.15 ----------
+def _order_cleared_after_a_backward_that_is_not_last(broken, path: list[str]) -> None:
+    run = broken(EVERY_BACKWARD_LAST)
+    assert (run.reason, run.details["step"]) == ("clear-path-differs", "backward 2, not last")
+    assert run.details["observed"] == [(path, 4)] and run.details["expected"] == []
+
+
+def _order_cleared_in_the_callback_first(broken, path: list[str]) -> None:
+    run = broken(CLEARED_FIRST)
+    assert (run.reason, run.details["step"]) == ("clear-path-differs", "backward 1")
+    # The early clear comes from the recipe (no fully_shard frame outside it), then torch's own finds it empty.
+    assert run.details["observed"] == [([], 4), (path, 0)]
+
+
+def _order_kept_across_steps(broken) -> None:
+    run = broken(ORDER_KEPT)
+    assert run.reason == "order-length-differs"
+    assert run.details["observed"][1] == ("backward 1", 4)
+
+
+@needs_old
+@pytest.mark.breaks("17-fsdp2-prefetch", "order-cleared-by-final-callback")
+def test_an_order_cleared_after_a_backward_that_is_not_last_is_caught(broken) -> None:
+    _order_cleared_after_a_backward_that_is_not_last(broken, PATH_2_13)
+
+
+@needs_old
+@pytest.mark.breaks("17-fsdp2-prefetch", "order-cleared-by-final-callback")
+def test_an_order_cleared_before_the_groups_finalize_is_caught(broken) -> None:
+    _order_cleared_in_the_callback_first(broken, PATH_2_13)
+
+
+@needs_old
+@pytest.mark.breaks("17-fsdp2-prefetch", "order-cleared-by-final-callback")
+def test_an_order_never_emptied_is_caught(broken) -> None:
+    _order_kept_across_steps(broken)
+
+
+@needs_new
+@pytest.mark.breaks("17-fsdp2-prefetch", "order-cleared-at-end-of-iteration")
+def test_an_order_cleared_after_a_backward_that_is_not_last_is_caught_on_2_15(broken) -> None:
+    _order_cleared_after_a_backward_that_is_not_last(broken, PATH_2_15)
+
+
+@needs_new
+@pytest.mark.breaks("17-fsdp2-prefetch", "order-cleared-at-end-of-iteration")
+def test_an_order_cleared_in_the_callback_as_in_2_13_is_caught_on_2_15(broken) -> None:
+    # The 2.13 place (the callback itself, here before the groups finalize) is not 2.15's call path.
+    _order_cleared_in_the_callback_first(broken, PATH_2_15)
+
+
+@needs_new
+@pytest.mark.breaks("17-fsdp2-prefetch", "order-cleared-at-end-of-iteration")
+def test_an_order_never_emptied_is_caught_on_2_15(broken) -> None:
+    _order_kept_across_steps(broken)
+
+
+@needs_new
+@pytest.mark.breaks("17-fsdp2-prefetch", "manual-finalization-keeps-order")
+def test_a_callback_that_ignores_manual_finalization_is_caught(broken) -> None:
+    run = broken(wrapping(CALLBACK, callback_ignores_manual_mode))
+    assert (run.reason, run.details["step"]) == ("clear-path-differs", 1)
+    assert run.details["observed"] == [(PATH_2_15, 4)] and run.details["expected"] == []
+
+
+@needs_new
+@pytest.mark.breaks("17-fsdp2-prefetch", "manual-finalization-keeps-order")
+def test_deferred_reductions_dropped_are_caught(broken) -> None:
+    run = broken(wrapping(CALLBACK, deferred_reductions_dropped))
+    assert run.reason == "reduce-scatters-differ"
+    assert run.details["observed"] == {"backward": 3, "finalize_backward": 0}
+
+
+@needs_new
+@pytest.mark.breaks("17-fsdp2-prefetch", "manual-finalization-keeps-order")
+def test_an_asynchronous_finalization_that_waits_at_once_is_caught(broken) -> None:
+    run = broken(wrapping(f"{STATE}.finalize_backward", finalize_always_waits))
+    assert (run.reason, run.details["step"]) == ("clear-path-differs", 2)
+    assert run.details["expected"] == [] and len(run.details["observed"]) == 1
+
+
+@needs_new
+@pytest.mark.breaks("17-fsdp2-prefetch", "manual-finalization-keeps-order")
+def test_a_forward_let_through_before_wait_is_caught(broken) -> None:
+    run = broken(wrapping(f"{STATE}._pre_forward", forward_while_reduction_pending))
+    assert (run.reason, run.details["step"]) == ("forward-before-wait-ran", 2)
+
+
+@needs_new
+@pytest.mark.breaks("17-fsdp2-prefetch", "manual-finalization-keeps-order")
+def test_no_backward_prefetch_under_manual_finalization_is_caught(broken) -> None:
+    run = broken(NO_IMPLICIT_BACKWARD)
+    assert (run.reason, run.details["observed"]) == ("prefetches-differ", [])
