@@ -36,6 +36,7 @@ from reader.claims.properties import run_property
 from reader.format.guide import ExpectBlock, Guide, PropertySpec, Prose, SourceBlock
 from reader.format.parse import load_guide, looks_like_guide
 from reader.format.predict import PredictQuestion
+from reader.gate.lock import Lock
 
 READINGS = Path(__file__).resolve().parents[1] / "readings"
 
@@ -168,7 +169,9 @@ def backing(guide: Guide) -> set[float]:
     sizes, and every expect block."""
     found: set[float] = set()
     for claim in guide.claims:
-        found.update(_numbers_in(guide.claim_kwargs(claim)))
+        for release in RELEASES:  # an expect block may be written once per torch range: each release's
+            if claim.applies_to(release):
+                found.update(_numbers_in(guide.on(release).claim_kwargs(claim)))
         found.add(float(claim.world_size))
         if claim.property is not None:
             found.add(float(claim.property.examples))
@@ -201,6 +204,10 @@ def unbacked(guide: Guide) -> list[Unbacked]:
         if loose:
             found.append(Unbacked(sentence, loose))
     return found
+
+
+# The releases the lock approves the guides on: a claim's kwargs are resolved on each release it holds for.
+RELEASES = Lock.load(READINGS / "anchors.lock").matrix or ("2.13.0",)
 
 
 def _guides() -> list[Guide]:
