@@ -4,10 +4,15 @@ storage, the all-gather's copy-in and copy-out) or the spec itself, and watch ea
 from __future__ import annotations
 
 import pytest
+import torch
+from packaging.version import Version
 
 from checks.breakit.patches import wrapping
 from checks.guides.g16_fsdp2_per_parameter_sharding import (
     copy_out_off_by_one,
+    frees_regardless,
+    fresh_outputs,
+    honours_keep,
     one_nth,
     own_local_copy,
     pads_with_ones,
@@ -17,6 +22,9 @@ from checks.guides.g16_fsdp2_per_parameter_sharding import (
 from checks.models.fsdp2_draws import params_of
 
 F2 = "torch.distributed.fsdp._fully_shard"
+KEEPS = Version(torch.__version__.split("+")[0]) >= Version("2.15")
+needs_old = pytest.mark.skipif(KEEPS, reason=f"the claim is for torch < 2.15; this is {torch.__version__}")
+needs_new = pytest.mark.skipif(not KEEPS, reason=f"the claim is for torch >= 2.15; this is {torch.__version__}")
 TENSOR_SPLIT = wrapping(f"{F2}._fsdp_common:_chunk_with_empty", split_like_tensor_split)
 PADS_WITH_ONES = wrapping(f"{F2}._fsdp_param:FSDPParam._init_sharded_param", pads_with_ones)
 
@@ -75,6 +83,40 @@ def test_a_spec_without_padding_is_caught_at_4(broken) -> None:
     run = broken(wrapping("checks.models.fsdp2_shards:padded_shard_numel", one_nth))
     assert run.reason == "memory-differs"
     assert run.details["observed"] > run.details["expected"]
+
+
+# -- (e) keeping the unsharded storage (torch 2.15's option) and the releases before it --------------------------
+def _has_elements(run) -> bool:
+    return any(all(shape) for shape in shapes(run))
+
+
+@needs_new
+@pytest.mark.breaks("16-fsdp2-per-parameter-sharding", "reshard-keeps-storage-when-asked")
+def test_a_reshard_that_frees_anyway_is_caught(broken) -> None:
+    # 2.13's to_sharded on 2.15: the option is set, the storage freed all the same.
+    run = broken(wrapping(f"{F2}._fsdp_param:FSDPParam.to_sharded", frees_regardless))
+    assert run.reason == "storage-not-kept"
+    assert run.details["observed"] == 0 and run.details["expected"] > 0
+    assert len(shapes(run)) == 1 and _has_elements(run)
+
+
+@needs_new
+@pytest.mark.breaks("16-fsdp2-per-parameter-sharding", "reshard-keeps-storage-when-asked")
+def test_outputs_allocated_anew_are_caught(broken) -> None:
+    # Kept bytes, but a new buffer at every unshard: the data pointers CUDA graphs rely on move.
+    run = broken(wrapping(f"{F2}._fsdp_param:FSDPParam.init_all_gather_outputs", fresh_outputs))
+    assert run.reason == "storage-moved"
+    assert len(shapes(run)) == 1 and _has_elements(run)
+
+
+@needs_old
+@pytest.mark.breaks("16-fsdp2-per-parameter-sharding", "reshard-frees-regardless-before-2-15")
+def test_a_reshard_that_honours_the_attribute_is_caught(broken) -> None:
+    # 2.15's to_sharded on an older torch: the attribute now keeps the storage.
+    run = broken(wrapping(f"{F2}._fsdp_param:FSDPParam.to_sharded", honours_keep))
+    assert run.reason == "unsharded-not-freed"
+    assert run.details["observed"] > 0
+    assert len(shapes(run)) == 1 and _has_elements(run)
 
 
 # -- (d) the guide's table --------------------------------------------------------------------------------------------
