@@ -320,21 +320,54 @@ def grads_are_ddp_slice(ctx: RankContext) -> dict[str, Any]:
     return {"factors": list(seen[0]), "op": seen[0][2], **result}
 
 
-def _local_grads(ctx: RankContext) -> list[dict[str, torch.Tensor]]:
-    """A plain replica's gradients on each rank's batch (every rank computes all of them; no collective)."""
+TIED = {"tok_emb.weight": ("tok_emb.weight", "lm_head.weight")}  # the tied weight: its uses, in an untied replica
+
+
+def _per_use_grads(ctx: RankContext) -> list[dict[str, list[torch.Tensor]]]:
+    """Each rank's batch through a plain replica whose ``lm_head`` has its own copy of the tied weight (every rank
+    computes all of them; no collective): each parameter's gradient per use, the tied weight's two uses apart
+    (embedding, head). Untying changes no operation of either use, only where autograd adds them."""
     out = []
     for rank in range(ctx.world_size):
         model = GPT(preset("tiny"), seed=0).to(ctx.device)
+        model.lm_head.weight = nn.Parameter(model.tok_emb.weight.detach().clone())
         model(*batch(dataclasses.replace(ctx, rank=rank)))[1].backward()
-        out.append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        out.append(
+            {name: [grads[use] for use in TIED.get(name, (name,))] for name in grads if name != "lm_head.weight"}
+        )
     return out
 
 
-def sum_paths(ctx: RankContext) -> dict[str, Any]:
+def _rank_gradient(uses: list[torch.Tensor], added_in: str, reduce_dtype: torch.dtype) -> torch.Tensor:
+    """One rank's gradient of a parameter as the reduction receives it, in ``reduce_dtype``: its uses added in
+    fp32 and then rounded ("sum-then-round", 2.13), or each use rounded and the roundings added
+    ("round-each", 2.15), as the precision model's ``uses_added_in`` says. One use rounds the same either way."""
+    if DTYPES[added_in] == reduce_dtype:
+        total = uses[0].to(reduce_dtype)
+        for use in uses[1:]:
+            total = total + use.to(reduce_dtype)
+        return total
+    return sum(uses[1:], uses[0]).to(reduce_dtype)
+
+
+def _fp16_formula(per_use: list[dict[str, list[torch.Tensor]]], added_in: str, pre: Any, post: Any) -> dict:
+    """The fp16 reduction by hand: every rank's gradient (`_rank_gradient`) divided by the pre-factor, summed over
+    ranks in fp16 in rank order, divided by the post-factor, cast to fp32."""
+    formula = {}
+    for name in per_use[0]:
+        parts = [_rank_gradient(g[name], added_in, torch.float16) / pre for g in per_use]
+        total = sum(parts[1:], parts[0])
+        formula[name] = (total / post if post != 1 else total).float()
+    return formula
+
+
+def sum_paths(ctx: RankContext, release: str) -> dict[str, Any]:
     """The SUM paths. ``set_force_sum_reduction_for_comms(True)``: SUM, nothing before, N after; the gradients are
     still DDP's slices bitwise. ``reduce_dtype=float16``: SUM, 2 before and 1 after on two ranks, fp16
-    reduce-scatters, and each sharded gradient is the formula's: every rank's gradient rounded to fp16, divided by
-    the pre-factor, summed in fp16, divided by the post-factor, cast to fp32."""
+    reduce-scatters, and each sharded gradient is the formula's: every rank's gradient rounded to fp16 (the tied
+    weight's two uses added before or after the rounding, as `checks.models.fsdp2_precision` says for
+    ``release``), divided by the pre-factor, summed in fp16, divided by the post-factor, cast to fp32."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 
     out: dict[str, Any] = {}
@@ -360,14 +393,60 @@ def sum_paths(ctx: RankContext) -> dict[str, Any]:
     _check_factors(seen, want, "fp16")
     dtypes = sorted({c.dtype for c in comm.select("reduce_scatter")})
     require_equal(dtypes, ["torch.float16"], reason="reduce-scatters-differ", what="fp16: reduce-scatter dtypes")
-    local = _local_grads(ctx)
-    formula = {}
-    for name in local[0]:
-        total = sum(g[name].half() / pre for g in local[1:]) if len(local) > 1 else 0
-        total = (local[0][name].half() / pre) + total
-        formula[name] = (total / post if post != 1 else total).float()
-    out["fp16"] = {"factors": list(seen[0]), **_compare(half, _slices(formula, half, ctx), ctx, "fp16")}
+    added_in = fsdp2_precision.stages("float32", None, "float16", release=release).uses_added_in
+    formula = _fp16_formula(_per_use_grads(ctx), added_in, pre, post)
+    out["fp16"] = {"factors": list(seen[0]), "tied_added_in": added_in,
+                   **_compare(half, _slices(formula, half, ctx), ctx, "fp16")}  # fmt: skip
     return out
+
+
+ORDERS = {"float16": "round-each", "float32": "sum-then-round"}  # the tied weight's uses added in fp16, or in fp32
+
+
+def _tied_lines(formulas: dict[str, torch.Tensor], ctx: RankContext, element: tuple[int, int]) -> list[str]:
+    """The guide's figures for the two orders, from the formulas alone: how many elements they differ on, in all
+    and in each rank's rows, and both values of one element."""
+    first, second = formulas["sum-then-round"], formulas["round-each"]
+    differ = first != second
+    rows = [row_range(tuple(first.shape), ctx.world_size, r) for r in range(ctx.world_size)]
+    per_rank = ", ".join(f"rank {r}'s rows on {int(differ[lo:hi].sum()):,}" for r, (lo, hi) in enumerate(rows))
+    i, j = element
+    return [
+        f"tok_emb.weight  {first.numel():,} elements  the orders differ on {int(differ.sum()):,}: {per_rank}",
+        f"tok_emb.weight[{i}, {j}]  sum-then-round {first[i, j].item()!r}  round-each {second[i, j].item()!r}",
+    ]
+
+
+def tied_fp16(ctx: RankContext, release: str, stated: list[str]) -> dict[str, Any]:
+    """``reduce_dtype=float16`` on fp32 parameters: the tied ``tok_emb.weight`` takes two gradients per rank, a
+    from the embedding and b from the head. Both orders of rounding are computed by hand from an untied replica's
+    per-use gradients (`_per_use_grads`): sum-then-round, fp16(a + b), and round-each, fp16(a) + fp16(b), each then
+    reduced as `_fp16_formula`. Their figures are the guide's; this rank's shard of FSDP's reduced gradient is
+    bitwise the order `checks.models.fsdp2_precision` gives for ``release``, and not the other."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    model = fsdp2_gpt(ctx, mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.float16))
+    x, y = batch(ctx)
+    model(x, y)[1].backward()
+    local = model.get_parameter("tok_emb.weight").grad.to_local()
+    pre, post, _, _ = fsdp2_factors("float16", ctx.world_size)
+    per_use = [{"tok_emb.weight": g["tok_emb.weight"]} for g in _per_use_grads(ctx)]
+    formulas = {order: _fp16_formula(per_use, added_in, pre, post)["tok_emb.weight"]
+                for added_in, order in ORDERS.items()}  # fmt: skip
+    element = tuple(int(v) for v in stated[1].split("]")[0].split("[")[1].split(","))
+    observed_lines = _tied_lines(formulas, ctx, element)  # type: ignore[arg-type]
+    for seen, line in zip(observed_lines, stated, strict=True):
+        require_equal(" ".join(seen.split()), " ".join(line.split()), reason="figures-differ",
+                      what="the two orders' figures against the guide's")  # fmt: skip
+    want = ORDERS[fsdp2_precision.stages("float32", None, "float16", release=release).uses_added_in]
+    lo, hi = row_range(tuple(formulas[want].shape), ctx.world_size, ctx.rank)
+    matches = sorted(order for order, f in formulas.items() if torch.equal(local, f[lo:hi]))
+    differ = {order: int((local != f[lo:hi]).sum()) for order, f in formulas.items()}
+    require_equal(matches, [want], reason="tied-order-differs", what=f"rank {ctx.rank}: the orders FSDP's "
+                  "tok_emb.weight shard equals bitwise", differ=differ)  # fmt: skip
+    i, j = element
+    value = local[i - lo, j].item() if lo <= i < hi else None
+    return {"order": want, "differ": differ, "element": value}
 
 
 # -- mixed precision and accumulation ----------------------------------------------------------------------------
@@ -380,13 +459,20 @@ def _policy(param_dtype: str | None, reduce_dtype: str | None) -> Any:
     return MixedPrecisionPolicy(param_dtype=DTYPES.get(param_dtype or ""), reduce_dtype=DTYPES.get(reduce_dtype or ""))
 
 
-def _precision_line(label: str, all_gather: str, reduce_scatter: str, grad: str, op: str) -> str:
-    return f"{label:<10} all-gather {all_gather:<9} reduce-scatter {reduce_scatter:<9} {op:<4} grads {grad}"
+def _precision_line(label: str, observed: dict[str, list[str]]) -> str:
+    """One line of the guide's table from one policy's observed dtypes (each list holds one)."""
+    (gathered,), (reduced,), (grad,), (op,), (waits,) = (observed[k] for k in PRECISION_COLUMNS)
+    return (f"{label:<10} all-gather {gathered:<9} reduce-scatter {reduced:<9} {op:<4} grads {grad:<8} "
+            f"waits {waits}")  # fmt: skip
 
 
-def mixed_precision(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
-    """Each policy of the guide's table, one step: the all-gathers' and reduce-scatters' dtypes, the reduce op,
-    and the sharded gradients' dtype, against `checks.models.fsdp2_precision` and the table."""
+PRECISION_COLUMNS = ("all_gather", "reduce_scatter", "grads", "ops", "waits")
+
+
+def mixed_precision(ctx: RankContext, stated: list[str], release: str) -> dict[str, Any]:
+    """Each policy of the guide's table: one synced step (the all-gathers' and reduce-scatters' dtypes, the reduce
+    op, the sharded gradients' dtype), then one backward under ``set_requires_gradient_sync(False)`` (the dtype the
+    unsynced gradient waits in), against `checks.models.fsdp2_precision` under ``release``'s rule and the table."""
     out: dict[str, Any] = {}
     for line in stated:
         label = line.split()[0]
@@ -395,17 +481,20 @@ def mixed_precision(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
         x, y = batch(ctx)
         with record_comm() as comm, divide_factors_seen() as seen:
             model(x, y)[1].backward()
-        want = fsdp2_precision.stages("float32", param_dtype, reduce_dtype)
+        want = fsdp2_precision.stages("float32", param_dtype, reduce_dtype, release=release)
         gathered = sorted({c.dtype.removeprefix("torch.") for c in comm.select("all_gather")})
         reduced = sorted({c.dtype.removeprefix("torch.") for c in comm.select("reduce_scatter")})
         grads = sorted({str(p.grad.dtype).removeprefix("torch.") for p in model.parameters()})
         ops = sorted({s[2] for s in seen})
-        observed = {"all_gather": gathered, "reduce_scatter": reduced, "grads": grads, "ops": ops}
+        model.set_requires_gradient_sync(False)
+        model(x, y)[1].backward()
+        waits = _unsharded_grads(model)["dtypes"]
+        observed = {"all_gather": gathered, "reduce_scatter": reduced, "grads": grads, "ops": ops, "waits": waits}
         op = fsdp2_factors(want.reduce_scatter, ctx.world_size)[2]
         expected = {"all_gather": [want.all_gather], "reduce_scatter": [want.reduce_scatter],
-                    "grads": [want.sharded_grad], "ops": [op]}  # fmt: skip
+                    "grads": [want.sharded_grad], "ops": [op], "waits": [want.accumulated]}  # fmt: skip
         require_equal(observed, expected, reason="dtypes-differ", what=f"{label}: dtypes", policy=label)
-        text = _precision_line(label, gathered[0], reduced[0], grads[0], ops[0])
+        text = _precision_line(label, observed)
         require_equal(" ".join(text.split()), " ".join(line.split()), reason="table-differs",
                       what=f"{label}: the guide's line", policy=label)  # fmt: skip
         out[label] = observed
@@ -643,3 +732,33 @@ def keep_unsharded_after_backward(original: Any, group: Any, *args: Any) -> None
     """``FSDPParamGroup.post_backward`` that does not reshard (``reshard_after_backward`` off)."""
     group.reshard_after_backward = False
     return original(group, *args)
+
+
+def reduce_in_gradient_dtype(original: Any, group: Any, fsdp_params: Any, grads: Any) -> Any:
+    """``FSDPParamGroup._get_reduce_dtype`` (2.15) as 2.13 chose: the policy's reduce dtype, else the gradients'
+    own dtype (``reduce_dtype or grad_dtype``), so bf16 compute reduces in bf16 again."""
+    return group._reduce_dtype or grads[0].dtype
+
+
+def upcast_always_deferred(original: Any, group: Any, defer_upcast: bool) -> None:
+    """``FSDPParamGroup._set_unsharded_grad_dtypes`` (2.15) always in its deferring branch: it never casts a waiting
+    gradient up, and switches autograd's cast off once a gradient exists or the group reduces, so after a synced
+    step a gradient computed in bf16 waits in bf16."""
+    return original(group, defer_upcast=True)
+
+
+def grad_dtype_unset(original: Any, fsdp_param: Any) -> None:
+    """``FSDPParam.init_unsharded_param`` (2.15) without the ``grad_dtype`` it sets: autograd adds a tied weight's
+    gradients in fp32 again, and the copy-in rounds the sum."""
+    original(fsdp_param)
+    if (param := getattr(fsdp_param, "_unsharded_param", None)) is not None:
+        param.grad_dtype = None
+
+
+def grad_dtype_is_reduce_dtype(original: Any, fsdp_param: Any) -> None:
+    """``FSDPParam.init_unsharded_param`` (2.13) that sets 2.15's ``grad_dtype``, the reduce dtype: autograd rounds
+    each of a tied weight's gradients before it adds them."""
+    original(fsdp_param)
+    param = getattr(fsdp_param, "_unsharded_param", None)
+    if param is not None and fsdp_param.reduce_dtype is not None:
+        param.grad_dtype = fsdp_param.reduce_dtype

@@ -1,14 +1,21 @@
 """Guide 18: bend FSDP2's resharding, its gradient reduction, its mixed precision and its accumulation inside the
 ranks, and watch each claim fail for its own reason: a root resharded under the default, an int N read as False,
 an int 1 that no longer warns, groups kept unsharded, a post-forward reshard made a full one, a sum that is not
-divided, a policy's reduce dtype dropped, a gradient sync that cannot be turned off, a reduction in bf16."""
+divided, a policy's reduce dtype dropped, a gradient sync that cannot be turned off, a reduction in bf16. Where
+torch 2.15 changed the behaviour a claim reads, each side's claim is broken on its own side: 2.15's reduce dtype
+chosen as 2.13 chose it, its upcast of a waiting gradient skipped, its unsharded ``grad_dtype`` unset; 2.13's given
+2.15's ``grad_dtype``."""
 
 from __future__ import annotations
 
 import pytest
+import torch
+from packaging.version import Version
 
 from checks.breakit.patches import wrapping
 from checks.guides.g18_fsdp2_reshard_and_gradients import (
+    grad_dtype_is_reduce_dtype,
+    grad_dtype_unset,
     int_n_means_false,
     keep_unsharded_after_backward,
     keep_unsharded_after_forward,
@@ -16,11 +23,13 @@ from checks.guides.g18_fsdp2_reshard_and_gradients import (
     reduce_dtype_ignored,
     reduce_every_post_backward,
     reduce_in_bf16,
+    reduce_in_gradient_dtype,
     reshard_fully,
     root_resharded_anyway,
     silent_int_one,
     sum_without_divide,
     sync_ignored,
+    upcast_always_deferred,
 )
 
 F2 = "torch.distributed.fsdp._fully_shard"
@@ -29,6 +38,9 @@ PARAM = f"{F2}._fsdp_param:FSDPParam"
 # fully_shard imported the helper by name: patch the name it calls.
 POST_FORWARD_MESH = f"{F2}._fully_shard:_get_post_forward_mesh_info"
 DIVIDE_FACTORS = f"{F2}._fsdp_collectives:_get_gradient_divide_factors"
+GRAD_DTYPE = Version(torch.__version__.split("+")[0]) >= Version("2.15")  # FSDP2 sets the gradient dtype
+needs_old = pytest.mark.skipif(GRAD_DTYPE, reason=f"the claim is for torch < 2.15; this is {torch.__version__}")
+needs_new = pytest.mark.skipif(not GRAD_DTYPE, reason=f"the claim is for torch >= 2.15; this is {torch.__version__}")
 
 
 @pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "settings-at-2")
@@ -87,6 +99,7 @@ def test_a_sum_that_is_not_divided_is_caught(broken) -> None:
     assert list(run.details["observed"]) == [None, None, "SUM", "SUM"]
 
 
+@needs_old
 @pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "sum-paths")
 def test_a_post_divide_that_never_happens_is_caught(broken) -> None:
     # The factors are still chosen right; only the gradients show that nothing was divided.
@@ -94,6 +107,64 @@ def test_a_post_divide_that_never_happens_is_caught(broken) -> None:
     assert (run.reason, run.details["case"]) == ("not-bitwise", "force-sum")
 
 
+@needs_old
+@pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "sum-paths")
+def test_a_tied_weight_rounded_per_use_before_2_15_is_caught(broken) -> None:
+    # 2.15's grad_dtype on 2.13's FSDP2: only the tied weight's gradient moves, in the fp16 leg.
+    run = broken(wrapping(f"{PARAM}.init_unsharded_param", grad_dtype_is_reduce_dtype))
+    assert (run.reason, run.details["case"]) == ("not-bitwise", "fp16")
+
+
+@needs_new
+@pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "sum-paths-2.15")
+def test_a_post_divide_that_never_happens_on_2_15_is_caught(broken) -> None:
+    run = broken(wrapping(f"{F2}._fsdp_collectives:_div_if_needed", never_divide))
+    assert (run.reason, run.details["case"]) == ("not-bitwise", "force-sum")
+
+
+@needs_new
+@pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "sum-paths-2.15")
+def test_a_tied_weight_summed_before_rounding_on_2_15_is_caught(broken) -> None:
+    run = broken(wrapping(f"{PARAM}.init_unsharded_param", grad_dtype_unset))
+    assert (run.reason, run.details["case"]) == ("not-bitwise", "fp16")
+
+
+@needs_old
+@pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "tied-fp16-sum-then-round")
+def test_round_each_before_2_15_is_caught(broken) -> None:
+    run = broken(wrapping(f"{PARAM}.init_unsharded_param", grad_dtype_is_reduce_dtype))
+    assert run.reason == "tied-order-differs"
+    assert run.details["observed"] == ["round-each"]
+
+
+@needs_new
+@pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "tied-fp16-round-each")
+def test_sum_then_round_on_2_15_is_caught(broken) -> None:
+    run = broken(wrapping(f"{PARAM}.init_unsharded_param", grad_dtype_unset))
+    assert run.reason == "tied-order-differs"
+    assert run.details["observed"] == ["sum-then-round"]
+
+
+@needs_new
+@pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "mixed-precision-2.15")
+def test_a_reduction_in_the_gradients_dtype_on_2_15_is_caught(broken) -> None:
+    # 2.13's choice, `reduce_dtype or grad_dtype`, inside 2.15: bf16/None reduce-scatters in bf16 again.
+    run = broken(wrapping(f"{GROUP}._get_reduce_dtype", reduce_in_gradient_dtype))
+    assert (run.reason, run.details["policy"]) == ("dtypes-differ", "bf16/None")
+    assert run.details["observed"]["reduce_scatter"] == ["bfloat16"]
+
+
+@needs_new
+@pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "mixed-precision-2.15")
+def test_a_waiting_gradient_never_cast_up_on_2_15_is_caught(broken) -> None:
+    # The reduce-scatters are still fp32 (the copy-in casts); only the unsynced gradient stays bf16.
+    run = broken(wrapping(f"{GROUP}._set_unsharded_grad_dtypes", upcast_always_deferred))
+    assert (run.reason, run.details["policy"]) == ("dtypes-differ", "bf16/None")
+    assert run.details["observed"]["reduce_scatter"] == ["float32"]
+    assert run.details["observed"]["waits"] == ["bfloat16"]
+
+
+@needs_old
 @pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "mixed-precision")
 def test_a_dropped_reduce_dtype_is_caught(broken) -> None:
     run = broken(wrapping(f"{PARAM}.init_dtype_attrs", reduce_dtype_ignored))
@@ -109,8 +180,16 @@ def test_a_sync_that_cannot_be_turned_off_is_caught(broken) -> None:
 
 @pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "accumulate-without-sync")
 def test_a_waiting_gradient_left_in_bf16_is_caught(broken) -> None:
-    # bf16/fp32 with the reduce dtype dropped: the unsynced gradient waits in bf16 on the unsharded parameter.
-    run = broken(wrapping(f"{PARAM}.init_dtype_attrs", reduce_dtype_ignored))
+    # bf16/fp32 with the waiting gradient left in bf16 on the unsharded parameter: before 2.15 by dropping the
+    # reduce dtype. From 2.15 a dropped one means fp32, the parameters' dtype, and an unsynced first backward gets
+    # fp32 from autograd (the grad_dtype is switched off only when reducing), then the cast up after it: both go.
+    if GRAD_DTYPE:
+        run = broken(
+            wrapping(f"{PARAM}.init_unsharded_param", grad_dtype_unset),
+            wrapping(f"{GROUP}._set_unsharded_grad_dtypes", upcast_always_deferred),
+        )
+    else:
+        run = broken(wrapping(f"{PARAM}.init_dtype_attrs", reduce_dtype_ignored))
     assert run.reason == "accumulated-dtype-differs"
     assert run.details["observed"] == {"dtypes": ["bfloat16"]}
 
