@@ -296,6 +296,7 @@ def test_the_committed_lock_is_approved_on_its_matrix_every_guide_on_every_relea
     for guide_id, records in lock.guides.items():
         assert tuple(records) == lock.matrix or sorted(records) == list(lock.matrix), guide_id
         for record in records.values():
+            assert record.held is not None, f"{guide_id}: approved before claims were recorded"
             assert (record.failed, record.not_run, record.forced) == ((), (), None), guide_id
     assert {v for e in lock.entries.values() for s in e.sources for v in s.approved_on} <= set(lock.matrix)
 
