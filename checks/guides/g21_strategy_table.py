@@ -528,8 +528,8 @@ def pp_schedule(ctx: RankContext, schedule: str, torch_ir: list[str], expected: 
     """Each stage runs exactly the model's order for ``schedule`` (the probes' record of its forwards and
     backwards); run one slot each, those orders leave every stage idle 2(p − 1) of the 2(m + p − 1) slots, the
     bubble (p − 1)/(m + p − 1); a stage holds at most the model's microbatches in flight. Torch's own
-    ``pipeline_order`` has no idle (``None``) entry; without its REDUCE_GRAD it is the guide's ``torch_ir`` line
-    for this stage. ``expected``: the guide's lines on slots and bubble."""
+    ``pipeline_order`` has no idle (``None``) entry; without its REDUCE_GRAD (and 2.15's WAIT_REDUCE_GRAD) it is
+    the guide's ``torch_ir`` line for this stage. ``expected``: the guide's lines on slots and bubble."""
     pipe = Pipeline(ctx, schedule)
     pipe.step(0)
     with record_stage_actions(label=f"{schedule} step 2") as stage_log:
