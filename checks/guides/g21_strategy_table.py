@@ -36,7 +36,7 @@ from checks.probes import clock
 from checks.probes.comm import CommLog, record_comm
 from checks.probes.stages import actions, held_at_most, record_stage_actions
 from checks.ranks.context import RankContext
-from checks.violation import require, require_equal
+from checks.violation import Violation, require, require_equal
 from checks.workloads.gpt import batch
 
 # -- data-parallel rows: DDP, ZeRO-1, ZeRO-2, ZeRO-3 / FSDP ---------------------------------------------------------
@@ -473,6 +473,20 @@ def _model_transfer(t: pl.Transfer) -> tuple[str, int, int, str]:
     return (t.direction, t.peer, t.numel, "float32")
 
 
+def _on_every_rank(ctx: RankContext, local_checks: Callable[[], Any]) -> Any:
+    """Run this rank's checks, then fail on every rank with the lowest failing rank's `Violation`: a stage's
+    finding is its own, and a rank that raised alone would leave the others waiting in the next collective."""
+    try:
+        value, failure = local_checks(), None
+    except Violation as violation:
+        value, failure = None, (violation.reason, str(violation), violation.details)
+    first = next((f for f in ctx.gather(failure) if f is not None), None)
+    if first is not None:
+        reason, message, details = first
+        raise Violation(reason, message, **details)
+    return value
+
+
 def pp_transfers(ctx: RankContext, schedule: str, expected: list[str], warmup_callers: list[str]) -> dict[str, Any]:
     """Two steps of the schedule on a pipeline of one stage per rank. Step 2: every collective is a send or a
     receive, and they are the model's for this stage's recorded order, as a multiset (op, peer, elements, dtype):
@@ -486,16 +500,29 @@ def pp_transfers(ctx: RankContext, schedule: str, expected: list[str], warmup_ca
     with record_comm() as comm, record_stage_actions(label=f"{schedule} step 2") as stage_log:
         pipe.step(1)
     extra = sorted({c.caller.rsplit(":", 1)[-1] for c in first} - {c.caller.rsplit(":", 1)[-1] for c in comm})
-    require_equal(extra, sorted(warmup_callers), reason="first-step-traffic-differs",
-                  what="the callers that communicate in step 1 only")  # fmt: skip
     order = [pl.Action(a[0], int(a[1:])) for a in actions(stage_log)]
     numel = (PP_BATCH // MICROBATCHES) * PP_WIDTH
-    want = pl.step_transfers(order, ctx.rank, ctx.world_size, numel)
-    got = [_transfer(c) for c in comm]
-    require_equal(Counter(got), Counter(_model_transfer(t) for t in want), reason="transfers-differ-from-model",
-                  what=f"stage {ctx.rank}: (op, peer, elements, dtype) of step 2's point-to-point traffic",
-                  stage=ctx.rank)  # fmt: skip
-    _require_received_in_time(comm, stage_log, ctx.rank)
+
+    def local_checks() -> None:
+        require_equal(
+            extra,
+            sorted(warmup_callers),
+            reason="first-step-traffic-differs",
+            what=f"stage {ctx.rank}: the callers that communicate in step 1 only",
+            stage=ctx.rank,
+        )
+        want = pl.step_transfers(order, ctx.rank, ctx.world_size, numel)
+        got = [_transfer(c) for c in comm]
+        require_equal(
+            Counter(got),
+            Counter(_model_transfer(t) for t in want),
+            reason="transfers-differ-from-model",
+            what=f"stage {ctx.rank}: (op, peer, elements, dtype) of step 2's point-to-point traffic",
+            stage=ctx.rank,
+        )
+        _require_received_in_time(comm, stage_log, ctx.rank)
+
+    _on_every_rank(ctx, local_checks)  # fmt: skip
     counts = Counter((c.op, "activation" if _is_activation(c, ctx.rank) else "gradient") for c in comm)
     line = f"stage {ctx.rank}: " + ", ".join(
         f"{direction} {counts[(direction, what)]} {what}s"
@@ -536,11 +563,12 @@ def pp_schedule(ctx: RankContext, schedule: str, torch_ir: list[str], expected: 
         pipe.step(1)
     order = actions(stage_log)
     model_orders = pl.orders(schedule, ctx.world_size, MICROBATCHES)
-    require_equal(order, [str(a) for a in model_orders[ctx.rank]], reason="order-differs-from-model",
-                  what=f"stage {ctx.rank}: the order of its forwards and backwards", stage=ctx.rank)  # fmt: skip
+    _on_every_rank(ctx, lambda: require_equal(order, [str(a) for a in model_orders[ctx.rank]],
+                   reason="order-differs-from-model", what=f"stage {ctx.rank}: the order of its forwards and "
+                   "backwards", stage=ctx.rank))  # fmt: skip
     ir = pipe.schedule.pipeline_order or {}
-    idle = sum(1 for a in ir.get(ctx.rank, []) if a is None)
-    require(idle == 0, "ir-has-idle-slots", f"pipeline_order holds {idle} None entries for rank {ctx.rank}",
+    idle = {r: sum(1 for a in entries if a is None) for r, entries in ir.items()}  # every rank holds every rank's
+    require(not any(idle.values()), "ir-has-idle-slots", f"pipeline_order holds None entries: {idle}",
             observed=idle)  # fmt: skip
     ir_line = f"rank {ctx.rank}: " + " ".join(str(a).removeprefix(str(ctx.rank)) for a in ir.get(ctx.rank, [])
                                                if a is not None and "REDUCE_GRAD" not in str(a))  # fmt: skip
