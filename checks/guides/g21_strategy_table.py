@@ -552,35 +552,37 @@ def _require_received_in_time(comm: CommLog, stage_log: Any, stage: int) -> None
 
 
 def pp_schedule(ctx: RankContext, schedule: str, torch_ir: list[str], expected: list[str]) -> dict[str, Any]:
-    """Each stage runs exactly the model's order for ``schedule`` (the probes' record of its forwards and
-    backwards); run one slot each, those orders leave every stage idle 2(p − 1) of the 2(m + p − 1) slots, the
-    bubble (p − 1)/(m + p − 1); a stage holds at most the model's microbatches in flight. Torch's own
+    """The stages' recorded orders (the probes' record of their forwards and backwards), run one slot each,
+    leave the bubble (p − 1)/(m + p − 1): every stage idle 2(p − 1) of 2(m + p − 1) slots. Each stage's order is
+    exactly the model's for ``schedule``, and it holds at most the model's microbatches in flight. Torch's own
     ``pipeline_order`` has no idle (``None``) entry; without its REDUCE_GRAD (and 2.15's WAIT_REDUCE_GRAD) it is
-    the guide's ``torch_ir`` line for this stage. ``expected``: the guide's lines on slots and bubble."""
+    the guide's ``torch_ir``. ``expected``: the guide's lines on slots and bubble."""
     pipe = Pipeline(ctx, schedule)
     pipe.step(0)
     with record_stage_actions(label=f"{schedule} step 2") as stage_log:
         pipe.step(1)
     order = actions(stage_log)
-    model_orders = pl.orders(schedule, ctx.world_size, MICROBATCHES)
-    _on_every_rank(ctx, lambda: require_equal(order, [str(a) for a in model_orders[ctx.rank]],
-                   reason="order-differs-from-model", what=f"stage {ctx.rank}: the order of its forwards and "
-                   "backwards", stage=ctx.rank))  # fmt: skip
+    orders = ctx.gather(order)
+    p, m = ctx.world_size, MICROBATCHES
+    # The bubble first, from what ran: a schedule that runs another order may still leave the textbook bubble
+    # (GPipe's and 1F1B's orders both do), and one that leaves another bubble is caught as such.
+    slots = pl.simulate({r: [pl.Action(a[0], int(a[1:])) for a in o] for r, o in enumerate(orders)})
+    written = {r: [str(a or ".") for a in row] for r, row in slots.items()}
+    bubble = pl.bubble(slots)
+    require_equal(bubble, pl.bubble_formula(p, m), reason="bubble-differs-from-formula",
+                  what="idle slots over all slots", slots=written)  # fmt: skip
+    model_orders = pl.orders(schedule, p, m)
+    for stage, stage_order in enumerate(orders):
+        require_equal(stage_order, [str(a) for a in model_orders[stage]], reason="order-differs-from-model",
+                      what=f"stage {stage}: the order of its forwards and backwards", stage=stage)  # fmt: skip
     ir = pipe.schedule.pipeline_order or {}
     idle = {r: sum(1 for a in entries if a is None) for r, entries in ir.items()}  # every rank holds every rank's
     require(not any(idle.values()), "ir-has-idle-slots", f"pipeline_order holds None entries: {idle}",
             observed=idle)  # fmt: skip
-    ir_line = f"rank {ctx.rank}: " + " ".join(str(a).removeprefix(str(ctx.rank)) for a in ir.get(ctx.rank, [])
-                                               if a is not None and "REDUCE_GRAD" not in str(a))  # fmt: skip
-    ir_lines = ctx.gather(ir_line)
+    ir_lines = [f"rank {r}: " + " ".join(str(a).removeprefix(str(r)) for a in ir.get(r, [])
+                                         if a is not None and "REDUCE_GRAD" not in str(a))
+                for r in range(p)]  # fmt: skip
     require_equal(ir_lines, torch_ir, reason="ir-differs-from-guide", what="torch's pipeline_order, per rank")
-    recorded = {r: [pl.Action(a[0], int(a[1:])) for a in o] for r, o in enumerate(ctx.gather(order))}
-    slots = pl.simulate(recorded)
-    p, m = ctx.world_size, MICROBATCHES
-    bubble = pl.bubble(slots)
-    require_equal(bubble, pl.bubble_formula(p, m), reason="bubble-differs-from-formula",
-                  what="idle slots over all slots", slots={r: [str(a or ".") for a in row] for r, row in
-                  slots.items()})  # fmt: skip
     held = dict(enumerate(ctx.gather(held_at_most(stage_log))))
     want_held = {r: pl.in_flight(o) for r, o in model_orders.items()}
     require_equal(held, want_held, reason="in-flight-differs-from-model", what="microbatches held at once, by stage")
@@ -589,8 +591,7 @@ def pp_schedule(ctx: RankContext, schedule: str, torch_ir: list[str], expected: 
              + f"; bubble {_ratio(bubble)}",
              f"{schedule} in flight: " + " ".join(str(held[r]) for r in sorted(held))]  # fmt: skip
     require_equal(lines, expected, reason="schedule-differs-from-guide", what="slots, bubble and microbatches held")
-    return {"lines": lines, "order": order, "ir": ir_lines, "bubble": _ratio(bubble),
-            "slots": {r: [str(a or ".") for a in row] for r, row in slots.items()}, "held": held}  # fmt: skip
+    return {"lines": lines, "order": order, "ir": ir_lines, "bubble": _ratio(bubble), "slots": written, "held": held}
 
 
 def pp_equivalence(ctx: RankContext, steps: int = 2) -> dict[str, Any]:
@@ -911,3 +912,15 @@ def strided_as_plain(original: Callable[..., Any], self: Any, *args: Any, **kwar
     self._spmd_placements = plain
     self._sharding_spec = dataclasses.replace(self._sharding_spec, placements=plain)
     return out
+
+
+def first_stage_warms_up_less(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
+    """``Schedule1F1B._step_microbatches`` whose first stage forwards one microbatch fewer before its first
+    backward (its warm-up reads ``p − 1`` stages): it then waits on the whole pipeline for every backward."""
+    if self._stage.stage_index != 0:
+        return original(self, *args, **kwargs)
+    self._num_stages -= 1
+    try:
+        return original(self, *args, **kwargs)
+    finally:
+        self._num_stages += 1

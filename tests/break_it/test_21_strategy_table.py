@@ -11,6 +11,7 @@ from checks.guides.g21_strategy_table import (
     colwise_neighbours_rows,
     doubled_receives,
     doubled_sends,
+    first_stage_warms_up_less,
     initialized_every_step,
     input_left_plain,
     keeps_activations,
@@ -45,6 +46,7 @@ DOUBLED = (
 INIT_EVERY_STEP = wrapping(f"{SCHEDULES}:PipelineScheduleSingle._initialize_stage", initialized_every_step)
 ONE_F_ONE_B_AS_GPIPE = wrapping(f"{SCHEDULES}:Schedule1F1B._step_microbatches", runs_gpipe)
 GPIPE_AS_1F1B = wrapping(f"{SCHEDULES}:ScheduleGPipe._step_microbatches", runs_1f1b)
+SHORT_WARMUP = wrapping(f"{SCHEDULES}:Schedule1F1B._step_microbatches", first_stage_warms_up_less)
 IDLE_KEPT = wrapping(f"{SCHEDULES}:_add_reduce_grad", keeps_idle_slots)
 IR_FIXED = wrapping(f"{SCHEDULES}:Schedule1F1B._get_pipeline_order", last_stage_from_zero)
 KEEPS_ACTIVATIONS = wrapping(f"{STAGE}.backward_one_chunk", keeps_activations)
@@ -228,6 +230,21 @@ def test_1f1b_running_gpipe_is_caught(broken) -> None:
     run = broken(ONE_F_ONE_B_AS_GPIPE)
     assert (run.reason, run.details["stage"]) == ("order-differs-from-model", 0)
     assert run.details["observed"] == ["F0", "F1", "F2", "F3", "B0", "B1", "B2", "B3"]
+
+
+@pytest.mark.breaks("21-strategy-table", "pp-bubble-1f1b")
+def test_a_first_stage_that_warms_up_less_leaves_a_larger_bubble(broken) -> None:
+    """Stage 0 runs F0 B0 F1 B1 …: each backward waits for stage 1's forward and backward of that microbatch."""
+    run = broken(SHORT_WARMUP)
+    assert run.reason == "bubble-differs-from-formula"
+    assert run.details["slots"][0][:4] == ["F0", ".", ".", "B0"]
+    assert run.details["observed"] > run.details["expected"]
+
+
+@pytest.mark.breaks("21-strategy-table", "pp-bubble-1f1b-at-4")
+def test_a_short_warm_up_is_caught_on_4_stages(broken) -> None:
+    run = broken(SHORT_WARMUP)
+    assert run.reason == "bubble-differs-from-formula"
 
 
 @pytest.mark.breaks("21-strategy-table", "pp-bubble-1f1b")
