@@ -22,7 +22,8 @@ per rank, group size and ranks, the Python API the caller used (outermost frame 
 outside torch's collective plumbing, e.g.
 ``torch.distributed.fsdp._flat_param:FlatParamHandle._all_gather_flat_param``), whether it was issued inside
 backward, asynchronously, or by an object collective (``all_gather_object`` and friends, marked
-``object_collective``), and the data pointer of each payload tensor's storage (``storages``). Async work handles
+``object_collective``), the data pointer of each payload tensor's storage (``storages``), and for a send or a
+receive the global rank at its other end (``peer``). Async work handles
 are recorded when issued; waits are not recorded. When the check is captured (`checks.probes.capture`),
 ``source`` is the line the calling function is executing (the call in progress,
 ``torch/distributed/fsdp/_flat_param.py:<line>``); a collective C++ issued (DDP's buckets) names the Python frame
@@ -104,6 +105,9 @@ class Collective:
     # The data pointer of each payload tensor's storage (this rank's addresses: left out of `key`), so a check can
     # tell which tensors a collective moved, e.g. that DDP all-reduces the very storage its gradients view.
     storages: tuple[int, ...] = ()
+    # A send's destination or a receive's source, as a global rank (-1 for collectives and any-source receives):
+    # which neighbour a pipeline stage sent an activation to. Left out of `key`: the two ends differ by design.
+    peer: int = -1
 
     def key(self) -> tuple[Any, ...]:
         return (
@@ -233,6 +237,7 @@ class _Recorder:
                 seq=clock.tick(),
                 source=capture.where(frame) if frame is not None and capture.active() else "",
                 storages=tuple(_storage(t) for t in payload.tensors),
+                peer=_peer(kind, bound, ranks),
             )
         )
 
@@ -245,6 +250,14 @@ class _Recorder:
         if cached is None:
             cached = self._groups[key] = (group, _group(group))
         return cached[1]
+
+
+def _peer(kind: str, bound: dict[str, Any], ranks: tuple[int, ...]) -> int:
+    """The global rank at the other end of a send or receive (its ``dst`` or ``src``, a group rank)."""
+    peer = bound.get("dst", bound.get("src")) if kind in ("send", "recv") else None
+    if not isinstance(peer, int):
+        return -1
+    return ranks[peer] if 0 <= peer < len(ranks) else peer
 
 
 def _storage(tensor: torch.Tensor) -> int:

@@ -444,3 +444,46 @@ def ddp_grad_ready(ctx: RankContext, steps: int = 2, bucket_cap_mb: float | None
             model(toy.toy_batch(ctx, step=i)).sum().backward()
     grads = [p.grad.untyped_storage().data_ptr() for p in model.parameters()]
     return {"ready": ready, "comm": comm, "grad_storages": grads}
+
+
+# -- point-to-point peers and a pipeline stage's actions -------------------------------------------------------------
+def point_to_point_peers(ctx: RankContext) -> list[tuple[str, int, int]]:
+    """A ring of blocking sends and receives (rank r sends to r + 1 and receives from r − 1, even ranks first) and
+    one batched isend / irecv pair the other way: (op, peer, elements) as recorded, in order."""
+    n, r = ctx.world_size, ctx.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    out, into = torch.full((3,), float(r)), torch.empty(3)
+    with record_comm() as log:
+        if r % 2 == 0:
+            dist.send(out, right)
+            dist.recv(into, left)
+        else:
+            dist.recv(into, left)
+            dist.send(out, right)
+        ops = [dist.P2POp(dist.isend, torch.ones(5), left), dist.P2POp(dist.irecv, torch.empty(5), right)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+    return [(c.op, c.peer, c.numel) for c in log]
+
+
+def pipeline_stage_actions(ctx: RankContext, schedule: str = "1f1b", microbatches: int = 4) -> dict[str, Any]:
+    """One step of a two-layer-per-stage pipeline under ``schedule``, recorded by `checks.probes.stages`: the
+    actions in call order and the most microbatches the stage held."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    from checks.probes.stages import actions, held_at_most, record_stage_actions
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+    stage = PipelineStage(module, ctx.rank, ctx.world_size, ctx.device)
+    kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
+    pipe = kind(stage, n_microbatches=microbatches, loss_fn=lambda out, target: (out - target).square().mean())
+    x, y = torch.randn(2 * microbatches, 4), torch.randn(2 * microbatches, 4)
+    with record_stage_actions(label=schedule) as log:
+        if ctx.rank == 0:
+            pipe.step(x)
+        elif ctx.rank == ctx.world_size - 1:
+            pipe.step(target=y)
+        else:
+            pipe.step()
+    return {"actions": actions(log), "held": held_at_most(log), "stages": {e.target for e in log.events}}

@@ -176,7 +176,9 @@ def claim_request(
     """The `CheckRequest` the claim's item sends (the same trace symbols), with break-it ``patches`` and kwarg
     ``overrides``: break-it tests run claims through this, so they and the items share one request path.
     Raises `RuntimeError` (``reader.claims.request.UnresolvedAnchors``) when the guide's anchors do not resolve."""
-    request, _ = traced_request(session_of(config).resources.workspace(), guide, claim, patches=patches, **overrides)
+    workspace = session_of(config).resources.workspace()
+    # Read on this torch, as the item is: an expect block written per release has one version here.
+    request, _ = traced_request(workspace, guide.on(workspace.torch_version), claim, patches=patches, **overrides)
     return request
 
 

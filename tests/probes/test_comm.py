@@ -187,3 +187,13 @@ def test_crosscheck_model_of_gloo() -> None:
     assert not missing.ok and len(missing.unseen) == 1 and missing.unseen[0].numel == 2
     unknown = compare([_record("unknown:c10d::new_op", "c10d::new_op", 1)], [], "test")
     assert unknown.unmodelled and not unknown.ok
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_sends_and_receives_record_their_peer(ranks, world_size: int) -> None:
+    """Blocking and batched point-to-point calls name the global rank at their other end; the ring's neighbours
+    are computed here, not read from a recording."""
+    for rank, recorded in enumerate(ranks("point_to_point_peers", world_size)):
+        right, left = (rank + 1) % world_size, (rank - 1) % world_size
+        blocking = [("send", right, 3), ("recv", left, 3)] if rank % 2 == 0 else [("recv", left, 3), ("send", right, 3)]
+        assert recorded == [*blocking, ("send", left, 5), ("recv", right, 5)]
