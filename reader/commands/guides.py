@@ -317,7 +317,8 @@ def run_list(args: argparse.Namespace, console: Console) -> int:
     console.print(
         _list_table(title, rows) if console.width >= WIDE else _list_lines(title, rows, console.width), soft_wrap=False
     )
-    console.print(_release_status(session.workspace, [guide.id for guide in session.guides]))
+    # Wrapped to the console's width, piped or not, like the rows above it.
+    console.print(_release_status(session.workspace, [guide.id for guide in session.guides]), soft_wrap=False)
     return BROKEN if session.broken else CLEAN
 
 
