@@ -166,12 +166,12 @@ def _diagram_rows(guide_id: str) -> list[str]:
     return rows
 
 
-# Guides 06-18, as drawn for an 80-column terminal (01-05 are cropped at 80, with the marker, until redrawn).
-REDRAWN = sorted(path.stem for path in READINGS.glob("[0-9][0-9]-*.md") if 6 <= int(path.stem[:2]) <= 18)
+# Guides from 06 on, as drawn for an 80-column terminal (01-05 are cropped at 80, with the marker, until redrawn).
+REDRAWN = sorted(path.stem for path in READINGS.glob("[0-9][0-9]-*.md") if int(path.stem[:2]) >= 6)
 
 
 @pytest.mark.parametrize("guide_id", REDRAWN)
-def test_the_diagrams_of_guides_06_to_18_fit_80_columns(guide_id: str) -> None:
+def test_the_diagrams_of_guides_from_06_fit_80_columns(guide_id: str) -> None:
     """A code block is shown with a cell of padding each side: 78 columns of diagram fit an 80-column
     terminal whole, "◄── this guide" included."""
     wide = [(len(row), row) for row in _diagram_rows(guide_id) if len(row.rstrip()) > 78]
