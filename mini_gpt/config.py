@@ -40,6 +40,18 @@ PRESETS: Mapping[str, GPTConfig] = MappingProxyType(
     }
 )
 
+# Shapes built only on the meta device (`fsdp-readings estimate --model mini_gpt:NAME`), never trained: far too big.
+SHAPES: Mapping[str, GPTConfig] = MappingProxyType(
+    {
+        # GPT-3 6.7B (Brown et al. 2020, Table 2.1): 32 blocks of width 4,096, 32 heads, context 2,048.
+        "gpt3-6.7b": GPTConfig(vocab_size=50257, block_size=2048, n_layer=32, n_head=32, n_embd=4096),
+        # A GPT-3-style 100B: 80 blocks of width 10,240 (12·80·10,240² ≈ 100.7B in the blocks).
+        "gpt-100b": GPTConfig(vocab_size=50257, block_size=2048, n_layer=80, n_head=80, n_embd=10240),
+        # Seed 000's exercise: the grammar tutor's 4 blocks and context, 600k word forms, d_model 4,096.
+        "grammar-600k": GPTConfig(vocab_size=600_000, block_size=128, n_layer=4, n_head=32, n_embd=4096),
+    }
+)
+
 
 def preset(name: str) -> GPTConfig:
     try:

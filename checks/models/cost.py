@@ -128,13 +128,20 @@ class Link:
     latency: Fraction = Fraction(0)
 
     @classmethod
-    def gbps(cls, gbps: int | float | str | Fraction, latency_us: int | float | str | Fraction = 0) -> Link:
-        """From gigabits per second (10⁹ bits) and microseconds."""
-        bandwidth, tau = exact(gbps, "bandwidth") * 10**9 / 8, exact(latency_us, "latency") / 10**6
+    def gbps(
+        cls,
+        gbps: int | float | str | Fraction,
+        latency_us: int | float | str | Fraction = 0,
+        *,
+        names: tuple[str, str] = ("bandwidth", "latency"),
+    ) -> Link:
+        """From gigabits per second (10⁹ bits) and microseconds; ``names`` say which inputs they were (an
+        option's name) in an error."""
+        bandwidth, tau = exact(gbps, names[0]) * 10**9 / 8, exact(latency_us, names[1]) / 10**6
         if bandwidth <= 0:
-            raise PlanError(f"bandwidth must be positive, not {gbps} Gbps")
+            raise PlanError(f"{names[0]} must be positive, not {gbps} Gbps")
         if tau < 0:
-            raise PlanError(f"latency cannot be negative, not {latency_us} µs")
+            raise PlanError(f"{names[1]} cannot be negative, not {latency_us} µs")
         return cls(bandwidth, tau)
 
     @property

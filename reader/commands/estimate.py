@@ -27,6 +27,7 @@ from checks.models.cost import PRECISIONS, STRATEGIES, Estimate, Link, Plan, Pla
 from checks.models.seed_figures import figure_1, figures, zero_table
 from checks.models.zero_memory import Param
 from checks.naming import ROOT, clean
+from reader.commands import recommend as recommend_command
 from reader.study.session import BROKEN, CLEAN, DRIFT
 from reader.views.fit import Column, fit_table, indented
 
@@ -38,10 +39,13 @@ EXAMPLES = """examples:
   fsdp-readings estimate 500k -n 2 --price-per-gpu-hour 0.35 --hours 3 --budget 3.00   # exit 1 if over
   fsdp-readings estimate --seeds                                # the seeds' figures and the ZeRO paper's Figure 1
   fsdp-readings estimate 7B -n 8 --json
+  fsdp-readings estimate --recommend 7B -n 8 --gpu-memory-gb 80 --precision mixed   # seed 001's recipe; 1 if none fits
+  fsdp-readings estimate --recommend --model mini_gpt:gpt-100b -n 256 --nodes 32 --gpu-memory-gb 80 \
+      --intra-bandwidth-gbps 7200 --bandwidth-gbps 400 --precision mixed --tokens 8192
 
 bytes are decimal (1 GB = 10^9 B); memory is what a GPU holds between steps (activations and the all-gathered
 unit come on top); communication time is the ring's 2(N-1)·τ + bytes·β per collective, summed, not overlapped.
-exit: 0 ok, 1 over budget, 2 bad input"""
+exit: 0 ok, 1 over budget (or, with --recommend, nothing fits), 2 bad input"""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -87,6 +91,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", default=None, metavar="B", help="ceiling in dollars: over it, exit 1")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--seeds", action="store_true", help="the seeds' figures, recomputed, and Figure 1")
+    recommend_command.configure(parser)
 
 
 class InputError(Exception):
@@ -98,6 +103,7 @@ class InputError(Exception):
 class Model:
     params: int | tuple[Param, ...]
     description: str
+    config: Any = None  # a mini_gpt GPTConfig: its blocks, width and context are known
 
 
 def unit_of(name: str, patterns: Sequence[str]) -> str:
@@ -120,12 +126,15 @@ def load_module(spec: str, patterns: Sequence[str] | None) -> Model:
     import torch
     from torch import nn
 
+    config = None
     if module_name == "mini_gpt":
-        from mini_gpt import GPT, PRESETS, preset
+        from mini_gpt import GPT, PRESETS, SHAPES
 
-        if attr not in PRESETS:
-            raise InputError(f"mini_gpt has no preset {attr!r}; choose one of: {', '.join(PRESETS)}")
-        build: Any = lambda: GPT(preset(attr))  # noqa: E731
+        configs = {**PRESETS, **SHAPES}
+        if attr not in configs:
+            raise InputError(f"mini_gpt has no preset {attr!r}; choose one of: {', '.join(configs)}")
+        config = configs[attr]
+        build: Any = lambda: GPT(config)  # noqa: E731
         patterns = ["blocks.*"] if patterns is None else patterns
     else:
         try:
@@ -155,7 +164,7 @@ def load_module(spec: str, patterns: Sequence[str] | None) -> Model:
         )
     patterns = list(patterns or [])
     params = tuple(Param(unit_of(clean(n), patterns), clean(n), tuple(p.shape)) for n, p in named)
-    return Model(params, spec)
+    return Model(params, spec, config)
 
 
 def model_of(args: argparse.Namespace) -> Model:
@@ -169,10 +178,18 @@ def model_of(args: argparse.Namespace) -> Model:
     return Model(count, "a parameter count")
 
 
+def links(args: argparse.Namespace) -> tuple[Link, Link | None]:
+    """The inter-node link (or the only one) and the intra-node one if given; an error names the option."""
+    link = Link.gbps(args.bandwidth_gbps, args.latency_us, names=("--bandwidth-gbps", "--latency-us"))
+    if args.intra_bandwidth_gbps is None:
+        return link, None
+    names = ("--intra-bandwidth-gbps", "--intra-latency-us")
+    return link, Link.gbps(args.intra_bandwidth_gbps, args.intra_latency_us, names=names)
+
+
 def plans(args: argparse.Namespace, model: Model) -> list[Plan]:
     names = [cost.strategy_name(s) for s in args.strategy] if args.strategy else list(STRATEGIES)
-    link = Link.gbps(args.bandwidth_gbps, args.latency_us)
-    intra = Link.gbps(args.intra_bandwidth_gbps, args.intra_latency_us) if args.intra_bandwidth_gbps else None
+    link, intra = links(args)
     k = cost.exact(args.optimizer_bytes, "--optimizer-bytes") if args.optimizer_bytes is not None else None
     price = cost.exact(args.price_per_gpu_hour, "--price-per-gpu-hour") if args.price_per_gpu_hour else None
     hours = cost.exact(args.hours, "--hours") if args.hours else None
@@ -205,6 +222,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 print_seeds(console)
             if args.params is None and args.model is None:
                 return _finish(args, console, out, CLEAN)
+        if args.recommend:
+            code, doc = recommend_command.run(args, console)
+            out.update(recommend=doc)
+            return _finish(args, console, out, CLEAN if code == 0 else DRIFT)
         model = model_of(args)
         estimates = [cost.estimate(plan) for plan in plans(args, model)]
         verdict = cost.budget(estimates[0].plan, args.budget) if args.budget is not None else None

@@ -129,7 +129,7 @@ def test_over_budget_exits_1_with_the_arithmetic() -> None:
         (["--model", "mini_gpt"], "MODULE:CALLABLE"),
         (["--model", "no_such_module_xyz:build"], "cannot import 'no_such_module_xyz'"),
         (["--model", "mini_gpt:tiny", "--optimizer-bytes", "4"], "give a parameter count instead"),
-        (["7B", "--bandwidth-gbps", "0"], "bandwidth must be positive"),
+        (["7B", "--bandwidth-gbps", "0"], "--bandwidth-gbps must be positive"),
     ],
 )
 def test_bad_input_exits_2_naming_what_to_do(argv: list[str], message: str) -> None:
