@@ -21,7 +21,15 @@ import torch.distributed as dist
 from torch import nn
 
 from checks.models.flat_param import layout
-from checks.models.zero_memory import IMPLEMENTATIONS, REFERENCE, Memory, Param, owned_elements, per_rank
+from checks.models.zero_memory import (
+    IMPLEMENTATIONS,
+    REFERENCE,
+    Memory,
+    Param,
+    optimizer,
+    owned_elements,
+    per_rank,
+)
 from checks.naming import ROOT, clean
 from checks.numerics import pairwise_sums
 from checks.probes.memory import account_memory, held_tensors, plain_tensors
@@ -29,7 +37,7 @@ from checks.ranks.context import RankContext
 from checks.violation import require, require_equal
 from checks.workloads.gpt import batch, fsdp1_gpt, unit_of_parameter
 from checks.workloads.toy import wrap_ddp
-from checks.zero import STAGES, adamw
+from checks.zero import STAGES
 from mini_gpt import GPT, preset
 from mini_gpt.train import make_optimizer
 
@@ -73,24 +81,40 @@ def _named_grads(model: nn.Module) -> dict[str, torch.Tensor]:
     return {clean(n): p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
-def build(impl: str, ctx: RankContext, precision: str = "fp32", lr: float = LR) -> Trained:
-    """``impl`` from `checks.models.zero_memory.IMPLEMENTATIONS`, on mini_gpt tiny from seed 0."""
+def optimizer_class(name: str) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    """The torch.optim class and keyword arguments of `checks.models.zero_memory.OPTIMIZERS` entry ``name``;
+    AdamW's are mini_gpt's (`mini_gpt.train.make_optimizer`), Adam's the same betas, no weight decay."""
+    spec = optimizer(name)
+    kwargs: dict[str, Any] = dict(spec.options)
+    if spec.torch_class in ("Adam", "AdamW"):
+        kwargs.update(betas=(0.9, 0.95), weight_decay=0.0)
+    return getattr(torch.optim, spec.torch_class), kwargs
+
+
+def make(name: str, params: Any, lr: float = LR) -> torch.optim.Optimizer:
+    cls, kwargs = optimizer_class(name)
+    return cls(params, lr=lr, **kwargs)
+
+
+def build(impl: str, ctx: RankContext, precision: str = "fp32", lr: float = LR, optim_name: str = "adamw") -> Trained:
+    """``impl`` from `checks.models.zero_memory.IMPLEMENTATIONS`, on mini_gpt tiny from seed 0, stepped by the
+    optimizer ``optim_name`` (`checks.models.zero_memory.OPTIMIZERS`; AdamW is mini_gpt's own)."""
     mixed = precision == "bf16"
+    new_optimizer = partial(make, optim_name)
     if impl in ("ddp", "torch-zero"):
         ddp = wrap_ddp(_gpt(ctx), ctx)
         if impl == "ddp":
-            optim = make_optimizer(ddp, lr)
+            optim = new_optimizer(ddp.parameters(), lr)
         else:
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
-            optim = ZeroRedundancyOptimizer(
-                ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=lr, betas=(0.9, 0.95), weight_decay=0.0
-            )
+            cls, kwargs = optimizer_class(optim_name)
+            optim = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=cls, lr=lr, **kwargs)
         return Trained(impl, ddp, optim, optim.step, partial(optim.zero_grad, set_to_none=True),
                        partial(_named, ddp.module), partial(_named_grads, ddp.module), autocast=mixed)  # fmt: skip
     if impl in REFERENCE:
         options = {"prefetch": True} if impl == "zero3-prefetch" else {}
-        engine = STAGES[REFERENCE[impl]](_gpt(ctx), BLOCKS, make_optimizer=partial(adamw, lr=lr),
+        engine = STAGES[REFERENCE[impl]](_gpt(ctx), BLOCKS, make_optimizer=partial(make, optim_name, lr=lr),
                                          param_dtype=BF16 if mixed else None, **options)  # fmt: skip
         return Trained(impl, engine.model, engine.optim, engine.step, engine.zero_grad, engine.full_params,
                        engine.full_grads, engine.held)  # fmt: skip
@@ -102,7 +126,7 @@ def build(impl: str, ctx: RankContext, precision: str = "fp32", lr: float = LR) 
             warnings.simplefilter("ignore", FutureWarning)  # NO_SHARD's deprecation (guide 09)
             model = fsdp1_gpt(ctx, sharding_strategy=ShardingStrategy[FSDP1_STRATEGIES[impl]],
                               mixed_precision=MixedPrecision(param_dtype=BF16) if mixed else None)  # fmt: skip
-        optim = make_optimizer(model, lr)
+        optim = new_optimizer(model.parameters(), lr)
 
         def full(grads: bool) -> dict[str, torch.Tensor]:
             with FSDP.summon_full_params(model, writeback=False, with_grads=grads):
@@ -120,7 +144,7 @@ def build(impl: str, ctx: RankContext, precision: str = "fp32", lr: float = LR) 
         for block in model.blocks:
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
-        optim = make_optimizer(model, lr)
+        optim = new_optimizer(model.parameters(), lr)
 
         def gathered(grads: bool) -> dict[str, torch.Tensor]:
             out = {}
@@ -200,6 +224,31 @@ def memory_per_rank(ctx: RankContext, precision: str = "fp32", impls: list[str] 
         "owned": owned_elements(params, ctx.world_size),
         "psi": sum(p.numel for p in params),
     }
+
+
+def memory_per_optimizer(
+    ctx: RankContext, optimizers: list[str], impls: list[str], expected: list[str]
+) -> dict[str, Any]:
+    """With each optimizer, every implementation holds after one step exactly `zero_memory`'s bytes by category
+    for that optimizer; DDP's state per optimizer, on every rank, is the guide's lines (``expected``), which the
+    guide works out from the optimizer's state tensors."""
+    params = parameters_of_tiny()
+    state: dict[str, dict[str, int]] = {}
+    for name in optimizers:
+        for impl in impls:
+            trained = build(impl, ctx, optim_name=name)
+            _one_step(trained, ctx)
+            held = held_bytes(trained)
+            want = per_rank(impl, params, ctx.world_size, ctx.rank, optim=name)
+            got = {c: held[c] for c in CATEGORIES}
+            require_equal(got, want.by_category(), reason="memory-mismatch",
+                          what=f"{impl} with {name}, rank {ctx.rank} of {ctx.world_size}: bytes by category",
+                          impl=impl, optimizer=name)  # fmt: skip
+            state.setdefault(name, {})[impl] = got["optim"]
+            del trained
+    lines = [f"{name}: {state[name]['ddp']:,} bytes of optimizer state on a DDP rank" for name in optimizers]
+    require_equal(lines, expected, reason="state-differs-from-guide", what="DDP's optimizer state per optimizer")
+    return {"state": state, "lines": lines, "psi": sum(p.numel for p in params), "tensors": len(params)}
 
 
 # -- numerics: every implementation against DDP ---------------------------------------------------------------------
@@ -455,3 +504,22 @@ def drop_extra_temp(original: Any, *args: Any, **kwargs: Any) -> Any:
     """``_post_backward_final_callback`` that frees `extra_temp_in_shard_grad_op`'s temporary first."""
     _EXTRA.clear()
     return original(*args, **kwargs)
+
+
+def sgd_keeping_momentum_always(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    """`SGD.step`, then a momentum buffer for every parameter with a gradient, whatever its momentum: SGD as if
+    ``group["momentum"] != 0`` were not asked."""
+    loss = original(self, *args, **kwargs)
+    for group in self.param_groups:
+        for p in group["params"]:
+            if p.grad is not None:
+                self.state[p].setdefault("momentum_buffer", p.grad.detach().clone())
+    return loss
+
+
+def adam_forgetting_amsgrad(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    """`Adam.step`, then each parameter's ``max_exp_avg_sq`` dropped: an Adam whose amsgrad keeps no third buffer."""
+    loss = original(self, *args, **kwargs)
+    for state in self.state.values():
+        state.pop("max_exp_avg_sq", None)
+    return loss

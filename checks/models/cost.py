@@ -32,7 +32,7 @@ from checks.models.comm_volume import Op, Volume, ddp_step, sharded_step
 from checks.models.comm_volume import step as comm_step
 from checks.models.flat_param import layout
 from checks.models.ring import STEPS
-from checks.models.zero_memory import ADAM_STATE, CATEGORIES, FP32, Memory, Param, per_rank, units
+from checks.models.zero_memory import CATEGORIES, FP32, Memory, Param, optimizer, per_rank, units
 from checks.naming import ROOT
 
 PRECISIONS = ("fp32", "mixed")
@@ -162,7 +162,8 @@ class Plan:
     strategy: str = "ddp"
     nodes: int = 1
     precision: str = "fp32"
-    optimizer_bytes: Fraction | None = None  # K per parameter, master included; None: AdamW's (8, or 12 mixed)
+    optimizer_bytes: Fraction | None = None  # K per parameter, master included; None: the optimizer's (AdamW: 8)
+    optimizer: str = "adamw"  # a `zero_memory.OPTIMIZERS` name: its state tensors, per module exactly
     link: Link = DEFAULT_LINK  # the link between nodes (or the only one)
     intra_link: Link | None = None  # inside a node; None: `link`
     price_per_gpu_hour: Fraction | None = None
@@ -190,15 +191,20 @@ class Plan:
             raise PlanError(f"precision is one of {', '.join(PRECISIONS)}, not {self.precision!r}")
         rule = STRATEGIES[self.strategy]
         master = FP32 if (rule.paper_mixed and self.mixed) else 0
+        try:
+            state = optimizer(self.optimizer).element_bytes
+        except ValueError as exc:
+            raise PlanError(str(exc)) from None
         if self.optimizer_bytes is not None:
             k = exact(self.optimizer_bytes, "K")
             object.__setattr__(self, "optimizer_bytes", k)
             if k < master:
                 raise PlanError(f"K = {k} bytes cannot hold the {master}-byte fp32 master {rule.label} keeps")
-            if isinstance(self.params, tuple) and k != master + ADAM_STATE:
+            if isinstance(self.params, tuple) and k != master + state:
                 raise PlanError(
-                    f"with per-module sizes the optimizer is AdamW as guide 13 measured it (K = {master + ADAM_STATE}"
-                    f" for {self.strategy}, {self.precision}); for another K give a parameter count instead"
+                    f"with per-module sizes K is the optimizer's, as guide 13 measured it (K = {master + state} for "
+                    f"{self.optimizer}, {self.strategy}, {self.precision}): name the optimizer instead, or give a "
+                    "parameter count for another K"
                 )
         for name in ("price_per_gpu_hour", "hours"):
             value = getattr(self, name)
@@ -237,7 +243,11 @@ def element_bytes(plan: Plan) -> dict[str, Fraction]:
     paper = plan.rule.paper_mixed and plan.mixed
     width = HALF if paper else FP32
     master = FP32 if paper else 0
-    k = plan.optimizer_bytes if plan.optimizer_bytes is not None else Fraction(master + ADAM_STATE)
+    k = (
+        plan.optimizer_bytes
+        if plan.optimizer_bytes is not None
+        else Fraction(master + optimizer(plan.optimizer).element_bytes)
+    )
     return {"params": Fraction(width), "grads": Fraction(width), "optim": k - master, "master": Fraction(master)}
 
 
@@ -267,7 +277,7 @@ def rank_memory(plan: Plan) -> list[Memory]:
     """`zero_memory.per_rank` for every rank of a per-module plan."""
     assert isinstance(plan.params, tuple)
     return [
-        per_rank(plan.rule.impl, plan.params, plan.world_size, r, _memory_precision(plan))
+        per_rank(plan.rule.impl, plan.params, plan.world_size, r, _memory_precision(plan), optim=plan.optimizer)
         for r in range(plan.world_size)
     ]
 

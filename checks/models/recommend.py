@@ -106,6 +106,7 @@ class Job:
     tokens: int | None = None  # tokens one data-parallel replica runs per step
     microbatches: int = 8
     root: str = ROOT
+    optimizer: str = "adamw"  # a `zero_memory.OPTIMIZERS` name
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", {"bf16": "mixed", "fp16": "mixed"}.get(self.precision, self.precision))
@@ -298,7 +299,9 @@ def _categories(mem: dict[str, Fraction], extra: Fraction) -> dict[str, Fraction
 
 
 def _plan(job: Job, params: int | tuple[Param, ...], strategy: str, world: int) -> Plan:
-    return Plan(params, world, strategy, precision=job.precision, optimizer_bytes=job.optimizer_bytes)
+    return Plan(
+        params, world, strategy, precision=job.precision, optimizer_bytes=job.optimizer_bytes, optimizer=job.optimizer
+    )
 
 
 # -- what a layout sends ------------------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 Torch-free: the input is each parameter's unit, name and shape (registration order, a tied weight once), the world
 size N, the rank and the precision; the output is what one rank holds after ``optimizer.step()`` with the
-gradients still there: parameters, gradients, optimizer state (AdamW: ``exp_avg`` and ``exp_avg_sq`` per element,
-a 4-byte fp32 ``step`` per parameter tensor it updates) and, where there is one, an fp32 master copy. Each result
+gradients still there: parameters, gradients, optimizer state (by default AdamW: ``exp_avg`` and ``exp_avg_sq`` per
+element, a 4-byte fp32 ``step`` per parameter tensor it updates; `OPTIMIZERS` has Adam, Adam with amsgrad, SGD
+and SGD with momentum) and, where there is one, an fp32 master copy. Each result
 also says how many of those bytes are padding, so the formula's only slack is a term computed here.
 
 The textbook per-element formulas (Ψ parameters, N ranks; fp32 AdamW 4 + 4 + 8 bytes) hold up to two terms this
@@ -36,6 +37,51 @@ from checks.models.zero_partition import greedy_partition
 FP32 = 4
 ADAM_STATE = 2 * FP32  # exp_avg, exp_avg_sq: fp32 like the parameter the optimizer updates
 STEP = FP32  # AdamW's ``step``: a 0-dim fp32 tensor per parameter tensor (CPU, non-capturable)
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    """What a torch optimizer keeps per parameter tensor it updates (`torch.optim`'s lazy state, made at the first
+    ``step()`` for each parameter that has a gradient): ``buffers`` tensors shaped like the parameter, in its
+    dtype (fp32 here), and whether a 0-dim fp32 ``step`` comes with them."""
+
+    name: str
+    buffers: int
+    step: bool
+    torch_class: str  # the torch.optim class
+    options: tuple[tuple[str, object], ...] = ()  # the constructor's keyword arguments that make this state
+
+    def state_bytes(self, elements: int, tensors: int) -> int:
+        """Bytes of state for ``tensors`` parameter tensors holding ``elements`` elements on this rank."""
+        return FP32 * self.buffers * elements + (STEP * tensors if self.step else 0)
+
+    @property
+    def element_bytes(self) -> int:
+        return FP32 * self.buffers
+
+
+# Adam and AdamW: exp_avg and exp_avg_sq, a third max_exp_avg_sq with amsgrad, and step (adam.py's _init_group);
+# SGD: a momentum_buffer only when momentum != 0, and no step (sgd.py's _init_group and step).
+OPTIMIZERS: dict[str, Optimizer] = {
+    o.name: o
+    for o in (
+        Optimizer("adamw", 2, True, "AdamW"),
+        Optimizer("adam", 2, True, "Adam"),
+        Optimizer("adam-amsgrad", 3, True, "Adam", (("amsgrad", True),)),
+        Optimizer("sgd", 0, False, "SGD"),
+        Optimizer("sgd-momentum", 1, False, "SGD", (("momentum", 0.9),)),
+    )
+}
+
+
+def optimizer(name: str) -> Optimizer:
+    """The `Optimizer` called ``name``; an unknown name is refused with the ones this model knows."""
+    try:
+        return OPTIMIZERS[name]
+    except KeyError:
+        raise ValueError(f"the memory model knows no optimizer {name!r}; one of {', '.join(OPTIMIZERS)}") from None
+
+
 PRECISIONS = {"fp32": 4, "bf16": 2}  # bytes per element of the compute dtype
 CATEGORIES = ("params", "grads", "optim", "master")
 
@@ -80,31 +126,35 @@ def units(params: Sequence[Param]) -> dict[str, list[Param]]:
     return out
 
 
-def per_rank(impl: str, params: Sequence[Param], world_size: int, rank: int, precision: str = "fp32") -> Memory:
-    """What ``rank`` of ``world_size`` holds under ``impl`` (one of `IMPLEMENTATIONS`)."""
+def per_rank(
+    impl: str, params: Sequence[Param], world_size: int, rank: int, precision: str = "fp32", *, optim: str = "adamw"
+) -> Memory:
+    """What ``rank`` of ``world_size`` holds under ``impl`` (one of `IMPLEMENTATIONS`), the optimizer ``optim``
+    (one of `OPTIMIZERS`)."""
+    opt = optimizer(optim)
     if precision not in PRECISIONS:
         raise ValueError(f"precision is one of {sorted(PRECISIONS)}, not {precision!r}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside a world of {world_size}")
     psi = sum(p.numel for p in params)
     if impl == "ddp":
-        return Memory(FP32 * psi, FP32 * psi, ADAM_STATE * psi + STEP * len(params))
+        return Memory(FP32 * psi, FP32 * psi, opt.state_bytes(psi, len(params)))
     if impl == "torch-zero":
-        return torch_zero(params, world_size, rank)
+        return torch_zero(params, world_size, rank, opt=opt)
     if impl in REFERENCE:
-        return reference(REFERENCE[impl], params, world_size, rank, precision)
+        return reference(REFERENCE[impl], params, world_size, rank, precision, opt=opt)
     if impl in FSDP1:
-        return fsdp1(FSDP1[impl], params, world_size, rank, precision)
+        return fsdp1(FSDP1[impl], params, world_size, rank, precision, opt=opt)
     if impl == "fsdp2":
-        return fsdp2(params, world_size, rank)
+        return fsdp2(params, world_size, rank, opt=opt)
     raise ValueError(f"unknown implementation {impl!r}; one of {IMPLEMENTATIONS}")
 
 
-def torch_zero(params: Sequence[Param], world_size: int, rank: int) -> Memory:
+def torch_zero(params: Sequence[Param], world_size: int, rank: int, *, opt: Optimizer = OPTIMIZERS["adamw"]) -> Memory:
     """DDP + ZeroRedundancyOptimizer: whole parameters and gradients; state for the parameters this rank owns."""
     psi = sum(p.numel for p in params)
     owned = greedy_partition([(p.name, p.numel) for p in params], world_size)[rank]
-    return Memory(FP32 * psi, FP32 * psi, ADAM_STATE * sum(n for _, n in owned) + STEP * len(owned))
+    return Memory(FP32 * psi, FP32 * psi, opt.state_bytes(sum(n for _, n in owned), len(owned)))
 
 
 def owned_elements(params: Sequence[Param], world_size: int) -> list[int]:
@@ -117,8 +167,18 @@ def _padding_in(lo: int, hi: int, end: int) -> int:
     return hi - max(lo, min(hi, end))
 
 
-def reference(stage: int, params: Sequence[Param], world_size: int, rank: int, precision: str) -> Memory:
-    """`checks.zero`: one flat group per unit, padded to a multiple of N; AdamW over one shard per group."""
+def reference(
+    stage: int,
+    params: Sequence[Param],
+    world_size: int,
+    rank: int,
+    precision: str,
+    *,
+    opt: Optimizer = OPTIMIZERS["adamw"],
+) -> Memory:
+    """`checks.zero`: one flat group per unit, padded to a multiple of N; the optimizer over one shard per group
+    (a group's shard is one tensor, padding included). Under mixed precision the fp32 master shard is what the
+    optimizer updates, whatever its state."""
     width = PRECISIONS[precision]
     whole = shard = whole_pad = shard_pad = 0
     groups = units(params)
@@ -135,13 +195,22 @@ def reference(stage: int, params: Sequence[Param], world_size: int, rank: int, p
     padding = (
         ("params", width * params_pad),
         ("grads", width * grads_pad),
-        ("optim", ADAM_STATE * shard_pad),
+        ("optim", opt.element_bytes * shard_pad),
         ("master", FP32 * shard_pad if master else 0),
     )
-    return Memory(width * params_elems, width * grads_elems, ADAM_STATE * shard + STEP * len(groups), master, padding)
+    optim = opt.state_bytes(shard, len(groups))
+    return Memory(width * params_elems, width * grads_elems, optim, master, padding)
 
 
-def fsdp1(sharded: bool, params: Sequence[Param], world_size: int, rank: int, precision: str) -> Memory:
+def fsdp1(
+    sharded: bool,
+    params: Sequence[Param],
+    world_size: int,
+    rank: int,
+    precision: str,
+    *,
+    opt: Optimizer = OPTIMIZERS["adamw"],
+) -> Memory:
     """FSDP1 with ``use_orig_params=True``, one unit per `Param.unit`: fp32 flat parameter and gradient (its shard,
     or the whole under NO_SHARD, padding included); the optimizer updates the original parameters' views, so its
     state has no padding, and a parameter with no element on this rank has no gradient, hence no state."""
@@ -160,17 +229,17 @@ def fsdp1(sharded: bool, params: Sequence[Param], world_size: int, rank: int, pr
             local = list(lay.numels)
         state, tensors = state + sum(local), tensors + len(local)
     padding = (("params", FP32 * pad), ("grads", FP32 * pad), ("optim", 0), ("master", 0))
-    return Memory(FP32 * flat, FP32 * flat, ADAM_STATE * state + STEP * tensors, 0, padding)
+    return Memory(FP32 * flat, FP32 * flat, opt.state_bytes(state, tensors), 0, padding)
 
 
-def fsdp2(params: Sequence[Param], world_size: int, rank: int) -> Memory:
+def fsdp2(params: Sequence[Param], world_size: int, rank: int, *, opt: Optimizer = OPTIMIZERS["adamw"]) -> Memory:
     """FSDP2: each parameter split on dim 0, every rank's chunk padded to ceil(d0 / N) rows (parameters and
     gradients); the optimizer's state is the DTensor's local, unpadded rows; every parameter has a gradient."""
     padded = sum(padded_shard_numel(p.shape, world_size) for p in params)
     local = sum(local_numel(p.shape, world_size, rank) for p in params)
     pad = FP32 * (padded - local)
     padding = (("params", pad), ("grads", pad), ("optim", 0), ("master", 0))
-    return Memory(FP32 * padded, FP32 * padded, ADAM_STATE * local + STEP * len(params), 0, padding)
+    return Memory(FP32 * padded, FP32 * padded, opt.state_bytes(local, len(params)), 0, padding)
 
 
 def textbook(stage: int, psi: int, world_size: int, precision: str = "fp32") -> dict[str, float]:

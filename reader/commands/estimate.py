@@ -25,7 +25,7 @@ from rich.text import Text
 from checks.models import cost
 from checks.models.cost import PRECISIONS, STRATEGIES, Estimate, Link, Plan, PlanError
 from checks.models.seed_figures import figure_1, figures, zero_table
-from checks.models.zero_memory import Param
+from checks.models.zero_memory import OPTIMIZERS, Param
 from checks.naming import ROOT, clean
 from reader.commands import recommend as recommend_command
 from reader.study.session import BROKEN, CLEAN, DRIFT
@@ -72,10 +72,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--precision", default="fp32", metavar="P", help=f"{' or '.join(PRECISIONS)} (default fp32)")
     parser.add_argument(
+        "--optimizer",
+        default="adamw",
+        metavar="NAME",
+        help=f"the optimizer whose state is held: {', '.join(OPTIMIZERS)} (default adamw)",
+    )
+    parser.add_argument(
         "--optimizer-bytes",
         metavar="K",
         default=None,
-        help="optimizer bytes per parameter, master copy included (default: AdamW, 8; 12 mixed)",
+        help="optimizer bytes per parameter, master copy included, for a count (default: --optimizer's; AdamW 8, "
+        "12 mixed)",
     )
     parser.add_argument(
         "--bandwidth-gbps",
@@ -203,6 +210,7 @@ def plans(args: argparse.Namespace, model: Model) -> list[Plan]:
             nodes=args.nodes,
             precision=args.precision,
             optimizer_bytes=k,
+            optimizer=args.optimizer,
             link=link,
             intra_link=intra,
             price_per_gpu_hour=price,

@@ -80,7 +80,9 @@ def job_of(args: argparse.Namespace, params: int | tuple[Any, ...], config: Any)
         tokens = tokens if tokens is not None else config.block_size
     k = cost.exact(args.optimizer_bytes, "--optimizer-bytes") if args.optimizer_bytes is not None else None
     cluster = recipe.Cluster(memory, args.world_size // args.nodes, args.nodes, intra or inter, inter)
-    return recipe.Job(params, cluster, args.precision, k, reserve, shape, tokens, args.microbatches)
+    return recipe.Job(
+        params, cluster, args.precision, k, reserve, shape, tokens, args.microbatches, optimizer=args.optimizer
+    )
 
 
 def run(args: argparse.Namespace, console: Console) -> tuple[int, dict[str, Any]]:

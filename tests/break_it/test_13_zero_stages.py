@@ -5,10 +5,12 @@ import pytest
 from checks.breakit.patches import replacing, returning, set_to, skipping, wrapping
 from checks.guides.g13_zero_stages import (
     EXTRA_TEMP_BYTES,
+    adam_forgetting_amsgrad,
     ddp_without_all_reduce,
     drop_extra_temp,
     extra_temp_in_shard_grad_op,
     neighbours_range,
+    sgd_keeping_momentum_always,
 )
 
 ZRO = "torch.distributed.optim.zero_redundancy_optimizer:ZeroRedundancyOptimizer"
@@ -168,3 +170,42 @@ def test_a_ddp_that_never_all_reduces_drifts_from_one_process(broken) -> None:
     run = broken(wrapping("torch.nn.parallel.distributed:DistributedDataParallel.__init__", ddp_without_all_reduce))
     assert (run.reason, run.details["scale"]) == ("drift-beyond-tolerance", 1)
     assert run.details["observed"] > 1e-3
+
+
+# -- other optimizers ------------------------------------------------------------------------------------------------
+SGD_STEP = "torch.optim.sgd:SGD.step"
+ADAM_STEP = "torch.optim.adam:Adam.step"
+
+
+@pytest.mark.breaks("13-zero-stages", "memory-optimizers")
+def test_an_sgd_that_keeps_momentum_without_momentum_is_caught(broken) -> None:
+    run = broken(wrapping(SGD_STEP, sgd_keeping_momentum_always))
+    assert (run.reason, run.details["impl"], run.details["optimizer"]) == ("memory-mismatch", "ddp", "sgd")
+    assert (run.details["observed"]["optim"], run.details["expected"]["optim"]) == (4 * PSI, 0)
+
+
+@pytest.mark.breaks("13-zero-stages", "memory-optimizers")
+def test_an_adam_that_forgets_amsgrads_buffer_is_caught(broken) -> None:
+    run = broken(wrapping(ADAM_STEP, adam_forgetting_amsgrad))
+    assert (run.reason, run.details["impl"], run.details["optimizer"]) == ("memory-mismatch", "ddp", "adam-amsgrad")
+    assert run.details["expected"]["optim"] - run.details["observed"]["optim"] == 4 * PSI
+
+
+@pytest.mark.breaks("13-zero-stages", "memory-optimizers")
+def test_a_guide_that_misstates_momentums_state_is_caught(broken) -> None:
+    # The guide's line for SGD with momentum as if it also kept a step scalar per tensor (4 bytes × 40 tensors).
+    lines = [
+        "sgd: 0 bytes of optimizer state on a DDP rank",
+        "sgd-momentum: 206,512 bytes of optimizer state on a DDP rank",
+        "adam: 412,864 bytes of optimizer state on a DDP rank",
+        "adam-amsgrad: 619,216 bytes of optimizer state on a DDP rank",
+    ]
+    run = broken(expected=lines)
+    assert run.reason == "state-differs-from-guide"
+
+
+@pytest.mark.breaks("13-zero-stages", "memory-optimizers-at-4")
+def test_momentum_buffers_without_momentum_are_caught_on_4_ranks(broken) -> None:
+    run = broken(wrapping(SGD_STEP, sgd_keeping_momentum_always))
+    assert (run.reason, run.details["impl"], run.details["optimizer"]) == ("memory-mismatch", "ddp", "sgd")
+    assert (run.details["observed"]["optim"], run.details["expected"]["optim"]) == (4 * PSI, 0)

@@ -294,7 +294,7 @@ def test_bad_plans_say_what_to_do(kwargs: dict, message: str) -> None:
 
 
 def test_a_custom_k_needs_a_count(tiny) -> None:
-    with pytest.raises(PlanError, match="give a parameter count instead"):
+    with pytest.raises(PlanError, match="name the optimizer instead, or give a parameter count for another K"):
         Plan(tiny, 2, "zero1", optimizer_bytes=4)
     assert Plan(tiny, 2, "zero1", optimizer_bytes=8).optimizer_bytes == 8  # AdamW's own K is fine
 

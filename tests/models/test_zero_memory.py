@@ -115,3 +115,38 @@ def test_unknown_inputs_are_refused() -> None:
         per_rank("ddp", TOY, 2, 2)
     with pytest.raises(ValueError):
         per_rank("ddp", TOY, 2, 0, "fp8")
+
+
+# -- the optimizer as an input -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "optim, state",
+    [
+        ("adamw", 8 * 98 + 4 * 6),
+        ("adam", 8 * 98 + 4 * 6),
+        ("adam-amsgrad", 12 * 98 + 4 * 6),  # exp_avg, exp_avg_sq, max_exp_avg_sq and a step per tensor
+        ("sgd", 0),  # no momentum: no state at all
+        ("sgd-momentum", 4 * 98),  # one momentum_buffer per parameter, no step
+    ],
+)
+def test_ddps_state_is_the_optimizers_buffers_and_steps(optim: str, state: int) -> None:
+    m = per_rank("ddp", TOY, 2, 0, optim=optim)
+    assert (m.params, m.grads, m.optim) == (4 * 98, 4 * 98, state)
+
+
+def test_sharded_state_follows_the_optimizer_over_what_the_rank_updates() -> None:
+    # Reference ZeRO-1 at N=4: shards of 7, 10, 8 elements, one tensor per group.
+    assert per_rank("zero1", TOY, 4, 0, optim="sgd-momentum").optim == 4 * 25
+    assert per_rank("zero1", TOY, 4, 0, optim="adam-amsgrad").optim == 12 * 25 + 4 * 3
+    assert per_rank("zero1", TOY, 4, 0, optim="sgd").optim == 0
+    # Padding of the root's group (2 elements on rank 3) is state too: the optimizer sees the padded shard.
+    assert per_rank("zero3", TOY, 4, 3, optim="sgd-momentum").padding_bytes()["optim"] == 4 * 2
+    # Under bf16 the reference keeps its fp32 master whatever the optimizer: the master is what it updates.
+    assert per_rank("zero1", TOY, 4, 0, "bf16", optim="sgd").master == 4 * 25
+    # FSDP2 at N=2: dim-0 chunks of ceil(d0/2) rows; rank 0 updates 4·3 + 4 + 3·7 + 3 + 3·5 + 3 = 58 elements.
+    assert per_rank("fsdp2", TOY, 2, 0, optim="sgd-momentum").optim == 4 * 58
+    assert per_rank("fsdp2", TOY, 2, 0, optim="adam").optim == 8 * 58 + 4 * 6
+
+
+def test_an_optimizer_the_model_does_not_know_is_refused() -> None:
+    with pytest.raises(ValueError, match="knows no optimizer 'lion'; one of adamw, adam, adam-amsgrad, sgd"):
+        per_rank("ddp", TOY, 2, 0, optim="lion")

@@ -128,7 +128,8 @@ def test_over_budget_exits_1_with_the_arithmetic() -> None:
         (["--model", "mini_gpt:huge"], "no preset 'huge'; choose one of: tiny, grammar"),
         (["--model", "mini_gpt"], "MODULE:CALLABLE"),
         (["--model", "no_such_module_xyz:build"], "cannot import 'no_such_module_xyz'"),
-        (["--model", "mini_gpt:tiny", "--optimizer-bytes", "4"], "give a parameter count instead"),
+        (["--model", "mini_gpt:tiny", "--optimizer-bytes", "4"], "name the optimizer instead"),
+        (["7B", "--optimizer", "lion"], "knows no optimizer 'lion'"),
         (["7B", "--bandwidth-gbps", "0"], "--bandwidth-gbps must be positive"),
     ],
 )
@@ -225,3 +226,15 @@ def test_the_estimate_is_what_guide_13_measures_on_mini_gpt(pool) -> None:
         ddp = measured[0]["totals"]["ddp"]
         assert doc["strategies"][strategy]["total_bytes"] == fullest
         assert Fraction(fullest, ddp) == estimate(plan).of_ddp
+
+
+def test_the_optimizer_is_an_input_per_module_and_for_a_count() -> None:
+    # mini_gpt tiny: 51,588 elements in 40 tensors; SGD with momentum keeps one fp32 buffer each, and no step.
+    code, doc = run_json(["--model", "mini_gpt:tiny", "-n", "2", "--optimizer", "sgd-momentum", "--strategy", "ddp"])
+    assert code == 0 and doc["strategies"]["ddp"]["memory_bytes"]["optim"] == 4 * 51588
+    code, doc = run_json(["--model", "mini_gpt:tiny", "-n", "2", "--optimizer", "adam-amsgrad", "--strategy", "ddp"])
+    assert doc["strategies"]["ddp"]["memory_bytes"]["optim"] == 12 * 51588 + 4 * 40
+    code, doc = run_json(["7B", "-n", "8", "--optimizer", "sgd", "--strategy", "ddp", "--strategy", "zero1"])
+    assert doc["strategies"]["ddp"]["total_bytes"] == 8 * 7 * 10**9  # 4 + 4, no state
+    code, doc = run_json(["--recommend", "7B", "-n", "8", "--gpu-memory-gb", "80", "--optimizer", "sgd"])
+    assert doc["recommend"]["recommended_step"] == 1  # 56 GB of parameters and gradients fit as they are
