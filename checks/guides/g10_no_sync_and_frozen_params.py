@@ -33,6 +33,7 @@ from checks.workloads.gpt import (
     fsdp1_gpt,
     grad_shards,
     padded_sizes,
+    unit_numels,
     unit_of_parameter,
     unit_parameters,
     units,
@@ -306,6 +307,82 @@ def shard_grad_op_no_sync_keeps_params(ctx: RankContext) -> dict[str, Any]:
     return {"order": order, "held": held, "synced_all_gathers": gathers, "synced_reduce_scatters": reduce_scatters}
 
 
+# -- 2b. a run of micro-batches: what each step communicates --------------------------------------------------------
+SHORT = {"full-shard": "FULL_SHARD", "shard-grad-op": "SHARD_GRAD_OP", "ddp": "DDP"}
+
+
+def _strategy_model(ctx: RankContext, strategy: str) -> nn.Module:
+    if strategy == "ddp":
+        return _ddp_gpt(ctx)
+    return fsdp1_gpt(ctx, sharding_strategy=ShardingStrategy[SHORT[strategy]])
+
+
+def _step_collectives(model: nn.Module, strategy: str, x: torch.Tensor, y: torch.Tensor) -> dict[str, list[str]]:
+    """One forward and backward's collectives by kind: ``unit elements`` per all-gather (forward, backward) and
+    reduce-scatter, and the elements of each all-reduce."""
+    if strategy == "ddp":
+        with record_comm() as comm:
+            model(x, y)[1].backward()
+        return {
+            "forward": [],
+            "backward": [],
+            "reduce": [],
+            "all_reduce": [str(c.numel) for c in comm.select("all_reduce")],
+        }
+    comm, events = _step(model, x, y)
+    return {
+        "forward": collectives_by_unit(comm, events, "all_gather", in_backward=False),
+        "backward": collectives_by_unit(comm, events, "all_gather", in_backward=True),
+        "reduce": collectives_by_unit(comm, events, "reduce_scatter"),
+        "all_reduce": [str(c.numel) for c in comm.select("all_reduce")],
+    }
+
+
+def no_sync_steps(ctx: RankContext, strategies: list[str], syncs: list[bool], expected: list[str]) -> dict[str, Any]:
+    """A run of steps, step i inside ``no_sync()`` unless ``syncs[i]``, the optimizer stepping after each synced
+    one: every step's collectives (unit and elements of each all-gather and reduce-scatter, elements all-reduced)
+    are `checks.models.comm_volume.accumulation_steps`' for the strategy, as multisets per kind (guide 06 and the
+    claims above hold their order); the guide's lines (``expected``) count them."""
+    from contextlib import nullcontext
+
+    from checks.models.comm_volume import accumulation_steps
+
+    shapes = {unit: [(n,) for n in numels] for unit, numels in unit_numels().items()}
+    lines = []
+    observed: dict[str, list[dict[str, int]]] = {}
+    for strategy in strategies:
+        model = _strategy_model(ctx, strategy)
+        optim = make_optimizer(model, 1e-3)
+        model_steps = accumulation_steps(strategy, shapes, ctx.world_size, syncs, root=ROOT)
+        for i, (sync, volume) in enumerate(zip(syncs, model_steps, strict=True)):
+            with nullcontext() if sync else model.no_sync():
+                seen = _step_collectives(model, strategy, *batch(ctx, step=i))
+            if sync:
+                optim.step()
+                optim.zero_grad(set_to_none=True)
+            want = {
+                "forward": [f"{o.unit} {o.numel}" for o in volume.ops if o.op == "all_gather" and not o.backward],
+                "backward": [f"{o.unit} {o.numel}" for o in volume.ops if o.op == "all_gather" and o.backward],
+                "reduce": [f"{o.unit} {o.numel}" for o in volume.ops if o.op == "reduce_scatter"],
+                "all_reduce": [str(o.numel) for o in volume.ops if o.op == "all_reduce"],
+            }
+            label = "sync" if sync else "no_sync"
+            for kind, wanted in want.items():
+                require_equal(sorted(seen[kind]), sorted(wanted), reason=f"{kind.replace('_', '-')}-differs-from-model",
+                              what=f"{strategy} step {i + 1} ({label}): {kind} collectives", strategy=strategy,
+                              step=i + 1)  # fmt: skip
+            counts = {kind: len(v) for kind, v in seen.items()}
+            observed.setdefault(strategy, []).append(counts)
+            reduced = sum(int(n) for n in seen["all_reduce"])
+            lines.append(
+                f"{strategy} step {i + 1} ({label}): {counts['forward']} + {counts['backward']} all-gathers, "
+                f"{counts['reduce']} reduce-scatters, {reduced:,} elements all-reduced"
+            )
+        del model, optim
+    require_equal(lines, expected, reason="steps-differ-from-guide", what="each step's collectives, counted")
+    return {"steps": observed, "lines": lines}
+
+
 # -- 3. frozen units -----------------------------------------------------------------------------------------------
 def _gpt_with_frozen_unit(ctx: RankContext, frozen: str, strategy: str = "FULL_SHARD") -> FSDP:
     """mini_gpt wrapped as in `checks.workloads.gpt.fsdp1_gpt`, with every parameter of unit ``frozen`` set not to
@@ -458,3 +535,10 @@ def zero_frozen_gradients(original: Any, state: Any, handle: Any) -> None:
             index += 1
         offset += numel
     original(state, handle)
+
+
+def ddp_no_sync_syncs_anyway(original: Any, self: Any) -> Any:
+    """`DistributedDataParallel.no_sync` that leaves ``require_backward_grad_sync`` alone: every step all-reduces."""
+    from contextlib import nullcontext
+
+    return nullcontext()

@@ -163,6 +163,55 @@ def step(
     return sharded_step(padded, freed, element_bytes, world_size, backward_order)
 
 
+# Strategies whose steps inside ``no_sync()`` are modelled (guide 10 reads FSDP1's and DDP's).
+ACCUMULATING = ("ddp", "full-shard", "shard-grad-op")
+
+
+def accumulation_steps(
+    strategy: str,
+    unit_shapes: Mapping[str, Sequence[tuple[int, ...]]],
+    world_size: int,
+    syncs: Sequence[bool],
+    *,
+    root: str,
+    backward_order: Sequence[str] | None = None,
+    element_bytes: int = 4,
+    use_orig_params: bool = True,
+) -> list[Volume]:
+    """One `Volume` per step of a run whose step i synchronises gradients when ``syncs[i]`` and runs inside
+    ``no_sync()`` otherwise, from sharded parameters (a fresh model, or the step after a synced one):
+
+    - DDP all-reduces its buckets in a synced step only: inside ``no_sync`` it communicates nothing;
+    - FSDP1 reduce-scatters every unit in a synced step only. FULL_SHARD frees each unit after its backward
+      whether it syncs or not (``_should_free_in_backward``, guide 10), so every step gathers as a synced one.
+      SHARD_GRAD_OP, inside ``no_sync``, keeps every unit unsharded after backward: the next steps all-gather
+      nothing, until a synced step reduces and frees them.
+
+    Other strategies raise: their ``no_sync`` steps are not modelled here."""
+    if strategy not in ACCUMULATING:
+        raise ValueError(
+            f"steps inside no_sync are modelled for {', '.join(ACCUMULATING)}, not {strategy!r} (FSDP2's "
+            "set_requires_gradient_sync is not)"
+        )
+    numels = {u: [_numel(s) for s in shapes] for u, shapes in unit_shapes.items()}
+    if strategy == "ddp":
+        full = ddp_step(sum(sum(n) for n in numels.values()), element_bytes, world_size)
+        return [full if sync else Volume((), element_bytes, world_size) for sync in syncs]
+    padded = fsdp1_padded(numels, element_bytes, world_size, use_orig_params)
+    order = list(backward_order) if backward_order is not None else list(reversed(list(padded)))
+    freed_forward = freed_after_forward(strategy, padded, root)
+    unsharded: set[str] = set()  # units holding their unsharded parameters when a step starts
+    out = []
+    for sync in syncs:
+        forward = [Op("all_gather", padded[u], False, u) for u in padded if u not in unsharded]
+        backward = [Op("all_gather", padded[u], True, u) for u in order if u in freed_forward]
+        if sync:
+            backward += [Op("reduce_scatter", padded[u], True, u) for u in order]
+        out.append(Volume((*forward, *backward), element_bytes, world_size))
+        unsharded = set(padded) if strategy == "shard-grad-op" and not sync else set()
+    return out
+
+
 def gloo_step(volume: Volume) -> Volume:
     """The same step as gloo runs it: every reduce-scatter an all-reduce of its whole input."""
     ops = tuple(Op("all_reduce", o.numel, o.backward, o.unit) if o.op == "reduce_scatter" else o for o in volume.ops)

@@ -9,6 +9,7 @@ from checks.guides.g06_backward_prefetch import prefetch_two_back
 from checks.guides.g08_post_backward_reduce_scatter import reduce_first_two_swapped
 from checks.guides.g10_no_sync_and_frozen_params import (
     catch_all_freeing_silently,
+    ddp_no_sync_syncs_anyway,
     forget_unsharded_grad,
     frozen_gets_grad_views,
     hold_reshard_only,
@@ -188,3 +189,41 @@ def test_a_frozen_parameters_gradient_left_uncomputed_is_caught(broken) -> None:
     # Zeroing the frozen region changes no parameter (nobody reads it): only the flat gradient shows it.
     run = broken(wrapping(f"{RU}:_reduce_grad", zero_frozen_gradients))
     assert run.reason == "flat-grad-differs"
+
+
+# -- no-sync-steps ---------------------------------------------------------------------------------------------------
+@pytest.mark.breaks("10-no-sync-and-frozen-params", "no-sync-steps")
+def test_a_full_shard_that_reduces_inside_no_sync_is_caught_at_its_first_step(broken) -> None:
+    run = broken(REDUCE_ANYWAY)
+    assert run.reason == "reduce-differs-from-model"
+    assert (run.details["strategy"], run.details["step"]) == ("full-shard", 1)
+    assert len(run.details["observed"]) == 4 and run.details["expected"] == []
+
+
+@pytest.mark.breaks("10-no-sync-and-frozen-params", "no-sync-steps")
+def test_a_shard_grad_op_that_frees_inside_no_sync_gathers_again_in_step_2(broken) -> None:
+    run = broken(returning(f"{RU}:_should_free_in_backward", True))
+    assert run.reason == "forward-differs-from-model"
+    assert (run.details["strategy"], run.details["step"]) == ("shard-grad-op", 2)
+    assert len(run.details["observed"]) == 4 and run.details["expected"] == []
+
+
+@pytest.mark.breaks("10-no-sync-and-frozen-params", "no-sync-steps")
+def test_a_ddp_no_sync_that_syncs_anyway_is_caught(broken) -> None:
+    run = broken(wrapping("torch.nn.parallel.distributed:DistributedDataParallel.no_sync", ddp_no_sync_syncs_anyway))
+    assert run.reason == "all-reduce-differs-from-model"
+    assert (run.details["strategy"], run.details["step"]) == ("ddp", 1)
+    assert run.details["expected"] == [] and sum(int(n) for n in run.details["observed"]) == 51588
+
+
+@pytest.mark.breaks("10-no-sync-and-frozen-params", "no-sync-steps")
+def test_a_guide_that_has_shard_grad_op_gather_in_step_2_is_caught(broken) -> None:
+    from tests.break_it.conftest import guides
+
+    lines = list(guides()["10-no-sync-and-frozen-params"].expect_blocks()["no-sync-steps"].items)
+    wrong = [
+        line.replace("4 + 0 all-gathers", "0 + 0 all-gathers") if line.startswith("shard-grad-op step 1") else line
+        for line in lines
+    ]
+    run = broken(expected=wrong)
+    assert run.reason == "steps-differ-from-guide"

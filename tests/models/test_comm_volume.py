@@ -114,3 +114,53 @@ def test_padding_only_adds(raw: dict, n: int) -> None:
 def test_unknown_strategy() -> None:
     with pytest.raises(ValueError, match="unknown strategy"):
         volume("zero4", tiny_shapes(), 2)
+
+
+# -- steps inside no_sync ------------------------------------------------------------------------------------------
+def summary(volumes: list[cv.Volume]) -> list[tuple[list[str], list[str], list[str], int]]:
+    """Per step: units all-gathered in forward, in backward, reduce-scattered, and elements all-reduced."""
+    return [
+        (
+            [o.unit for o in v.ops if o.op == "all_gather" and not o.backward],
+            [o.unit for o in v.ops if o.op == "all_gather" and o.backward],
+            [o.unit for o in v.ops if o.op == "reduce_scatter"],
+            sum(o.numel for o in v.ops if o.op == "all_reduce"),
+        )
+        for v in volumes
+    ]
+
+
+SYNCS = [False, False, True, True]  # two micro-batches inside no_sync, the synced one, then a normal step
+
+
+def test_full_shard_gathers_every_step_and_reduces_only_when_synced() -> None:
+    steps = cv.accumulation_steps("full-shard", TOY, 2, SYNCS, root=ROOT)
+    every = [ROOT, "0", "1"]
+    assert summary(steps) == [
+        (every, ["1", "0"], [], 0),
+        (every, ["1", "0"], [], 0),
+        (every, ["1", "0"], ["1", "0", ROOT], 0),
+        (every, ["1", "0"], ["1", "0", ROOT], 0),
+    ]
+    # A synced step is the ordinary step, padded sizes included (28 → 28 aligned, 40 → 40, 30 → 32 at N=2).
+    assert steps[2] == cv.step("full-shard", TOY, 2, root=ROOT)
+
+
+def test_shard_grad_op_keeps_what_no_sync_gathered_until_a_synced_step_frees_it() -> None:
+    steps = cv.accumulation_steps("shard-grad-op", TOY, 2, SYNCS, root=ROOT)
+    assert summary(steps) == [
+        ([ROOT, "0", "1"], [], [], 0),  # gathered once, kept: no_sync frees nothing
+        ([], [], [], 0),  # still unsharded: nothing to gather
+        ([], [], ["1", "0", ROOT], 0),  # the synced step reduces, and frees
+        ([ROOT, "0", "1"], [], ["1", "0", ROOT], 0),  # an ordinary step again
+    ]
+
+
+def test_ddp_inside_no_sync_communicates_nothing() -> None:
+    steps = cv.accumulation_steps("ddp", TOY, 2, SYNCS, root=ROOT)
+    assert [s[3] for s in summary(steps)] == [0, 0, 98, 98]  # 25 + 5 + 21 + 7 + 35 + 5 elements
+
+
+def test_a_strategy_whose_no_sync_is_not_modelled_is_refused() -> None:
+    with pytest.raises(ValueError, match="modelled for ddp, full-shard, shard-grad-op, not 'fsdp2'"):
+        cv.accumulation_steps("fsdp2", TOY, 2, SYNCS, root=ROOT)
