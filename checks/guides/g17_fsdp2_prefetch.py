@@ -255,6 +255,54 @@ def all_gathers_per_step(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
     return out
 
 
+def _setting(text: str) -> bool | int | None:
+    return {"True": True, "False": False, "None": None}[text] if text in ("True", "False", "None") else int(text)
+
+
+AFTER_FORWARD = {"free": "freed", "reshard": "resharded to a smaller mesh"}
+
+
+def per_unit_settings(ctx: RankContext, settings: dict[str, str], stated: list[str]) -> dict[str, Any]:
+    """mini_gpt tiny with each unit's own ``reshard_after_forward`` (``settings``: unit → "True", "False",
+    "None" or an int), passed to its own ``fully_shard`` call: the step's whole event sequence and its
+    all-gathers are `step_sequence`'s for that mapping; what each unit does after forward and which backward
+    prefetches issue an all-gather are the guide's lines."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from mini_gpt import GPT
+
+    parsed = {unit: _setting(text) for unit, text in settings.items()}
+    model = GPT(preset("tiny"), seed=0).to(ctx.device)
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    for unit in (*BLOCKS, ROOT):
+        module = model if unit == ROOT else model.get_submodule(unit)
+        kwargs = {} if parsed[unit] is None else {"reshard_after_forward": parsed[unit]}
+        fully_shard(module, mesh=mesh, **kwargs)
+    expected = step_sequence(BLOCKS, ROOT, reshard_after_forward=parsed, world_size=ctx.world_size)
+    with record_events(model, label="per-unit settings") as events:
+        with record_comm() as forward_comm:
+            loss = model(*batch(ctx))[1]
+        with record_comm() as backward_comm:
+            loss.backward()
+    gathers = {
+        "forward": sum(c.op == "all_gather" for c in forward_comm),
+        "backward": sum(c.op == "all_gather" for c in backward_comm),
+    }
+    where = {"settings": " ".join(f"{u}={t}" for u, t in settings.items())}
+    step = {"sequence": _events(events), "expected": expected, "all_gathers": gathers, "where": where}
+    matches_model(step)
+    split = next(i for i, e in enumerate(step["sequence"]) if e.startswith("pre_backward "))
+    forward_events = step["sequence"][:split]
+    lines = []
+    for unit in (ROOT, *BLOCKS):
+        done = [AFTER_FORWARD[kind] for kind in AFTER_FORWARD if f"{kind} {unit}" in forward_events]
+        lines.append(f"{unit}: {done[0] if done else 'kept'} after forward")
+    lines.append(f"backward prefetches: {' '.join(prefetches(step['sequence'], phase='backward'))}")
+    require_equal(lines, stated, reason="settings-differ-from-guide", what="each unit after forward, and backward")
+    return {"lines": lines, "all_gathers": gathers, "sequence": step["sequence"]}
+
+
 def order_of_this_step(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
     """A model whose second step runs its blocks in reverse. Implicit: step 2's backward prefetches follow step 2's
     post-forward order (nothing is kept from step 1). Explicit lookahead 1, set for the module order: step 2
@@ -602,3 +650,9 @@ def clear_before_finalize(original: Any, self: Any) -> None:
     if self._state_ctx.is_last_backward and not getattr(self._state_ctx, "manual_backward_finalization_active", False):
         self._comm_ctx.post_forward_order.clear()
     return original(self)
+
+
+def post_forward_mesh_ignored(original: Any, self: Any) -> None:
+    """``FSDPParamGroup._to_sharded_post_forward`` resharding to the whole mesh instead: an int setting read as
+    True."""
+    self._to_sharded()

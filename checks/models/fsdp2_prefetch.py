@@ -29,7 +29,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from checks.models.fsdp2_reshard import Setting, post_forward_world_size
+
 RESHARD = (True, None, False)
+FREE, KEEP, RESHARD_SMALLER = "free", "keep", "reshard"
 
 
 def reshards_after_forward(unit: str, root: str, setting: bool | None) -> bool:
@@ -39,11 +42,29 @@ def reshards_after_forward(unit: str, root: str, setting: bool | None) -> bool:
     return unit != root if setting is None else setting
 
 
+def after_forward(unit: str, root: str, setting: Setting, world_size: int | None) -> str:
+    """What ``unit``'s post-forward does with its unsharded parameters under its own ``setting``: ``free`` them
+    (True, N, None but for the root), ``keep`` them (False, 1, None on the root), or ``reshard`` them to an int
+    k < N ranks (``_to_sharded_post_forward``: a smaller shard is kept, the unsharded parameters go, and backward
+    all-gathers from the k ranks). An int needs ``world_size``; the rule is guide 18's
+    (`checks.models.fsdp2_reshard.post_forward_world_size`)."""
+    if isinstance(setting, int) and not isinstance(setting, bool):
+        if world_size is None:
+            raise ValueError(f"{unit}: an int reshard_after_forward ({setting}) needs the world size")
+    elif setting not in RESHARD:
+        raise ValueError(f"{unit}: reshard_after_forward is a bool, an int or None, not {setting!r}")
+    size = post_forward_world_size(setting, world_size or 1, is_root=unit == root)
+    if size is None:
+        return KEEP
+    return FREE if world_size is None or size == world_size else RESHARD_SMALLER
+
+
 def step_sequence(
     forward: Sequence[str],
     root: str,
     *,
-    reshard_after_forward: bool | None = True,
+    reshard_after_forward: Setting | Mapping[str, Setting] = True,
+    world_size: int | None = None,
     forward_targets: Mapping[str, Sequence[str]] | None = None,
     backward_targets: Mapping[str, Sequence[str]] | None = None,
     no_input_grad: Sequence[str] = (),
@@ -51,7 +72,9 @@ def step_sequence(
     """The step's events, as ``unshard U``, ``prefetch U→T``, ``wait_unshard U``, ``free U``, ``pre_backward U``,
         ``post_backward U``, ``reduce_grad U``, ``root_pre_forward R`` and ``final_callback R``, for inner units run
         in ``forward`` order under ``root`` (see the module docstring). All groups start sharded. ``no_input_grad``:
-    inner units whose forward inputs need no gradient."""
+    inner units whose forward inputs need no gradient. ``reshard_after_forward`` is one setting for every unit or
+    a mapping naming each unit's own (as ``fully_shard`` takes it per call); an int k < N reshards to k ranks
+    after forward (``reshard U``; `after_forward`) and needs ``world_size``."""
     forward_targets = forward_targets or {}
     backward_targets = backward_targets or {}
     units = [root, *forward]
@@ -64,6 +87,15 @@ def step_sequence(
                 raise ValueError(f"unknown units {unknown}")
     if unknown := [u for u in no_input_grad if u not in forward]:
         raise ValueError(f"unknown inner units {unknown}")
+    if isinstance(reshard_after_forward, Mapping):
+        if missing := [u for u in units if u not in reshard_after_forward]:
+            raise ValueError(f"reshard_after_forward names no setting for {missing}")
+        if extra := [u for u in reshard_after_forward if u not in units]:
+            raise ValueError(f"reshard_after_forward names unknown units {extra}")
+        settings = dict(reshard_after_forward)
+    else:
+        settings = dict.fromkeys(units, reshard_after_forward)
+    actions = {u: after_forward(u, root, settings[u], world_size) for u in units}
     state = dict.fromkeys(units, "sharded")
     seq: list[str] = []
 
@@ -90,8 +122,11 @@ def step_sequence(
     post_forward: list[str] = []
 
     def post_forward_of(unit: str) -> None:
-        if reshards_after_forward(unit, root, reshard_after_forward):
+        if actions[unit] == FREE:
             free(unit)
+        elif actions[unit] == RESHARD_SMALLER and state[unit] == "unsharded":
+            state[unit] = "sharded"  # sharded on the post-forward mesh: backward all-gathers it again
+            seq.append(f"reshard {unit}")
         post_forward.append(unit)
 
     seq.append(f"root_pre_forward {root}")

@@ -108,7 +108,7 @@ def unsharded_peak(sequence: Sequence[str], padded: Mapping[str, int], element_b
         kind, _, unit = event.partition(" ")
         if kind == "wait_unshard":
             alive.add(unit)
-        elif kind == "free":
+        elif kind in ("free", "reshard"):  # a reshard to a post-forward mesh drops the unsharded parameters too
             alive.discard(unit)
         peak = max(peak, sum(padded[u] for u in alive))
     return peak * element_bytes

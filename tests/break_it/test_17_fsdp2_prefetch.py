@@ -23,6 +23,7 @@ from checks.guides.g17_fsdp2_prefetch import (
     keep_order_across_steps,
     keep_unsharded_after_forward,
     last_backward_always,
+    post_forward_mesh_ignored,
     prefetch_two_back,
     regather_when_pending,
 )
@@ -225,3 +226,32 @@ def test_a_forward_let_through_before_wait_is_caught(broken) -> None:
 def test_no_backward_prefetch_under_manual_finalization_is_caught(broken) -> None:
     run = broken(NO_IMPLICIT_BACKWARD)
     assert (run.reason, run.details["observed"]) == ("prefetches-differ", [])
+
+
+# -- per-unit settings -------------------------------------------------------------------------------------------
+@pytest.mark.breaks("17-fsdp2-prefetch", "per-unit-settings")
+def test_an_int_setting_read_as_true_is_caught(broken) -> None:
+    run = broken(wrapping(f"{GROUP}._to_sharded_post_forward", post_forward_mesh_ignored))
+    assert run.reason == "sequence-differs"
+    assert "reshard blocks.2" in run.details["expected"] and "reshard blocks.2" not in run.details["observed"]
+
+
+@pytest.mark.breaks("17-fsdp2-prefetch", "per-unit-settings")
+def test_per_unit_settings_ignored_in_forward_are_caught(broken) -> None:
+    # Every group kept after forward, as if each unit's setting were False: blocks.0 is never freed.
+    run = broken(wrapping(f"{GROUP}.reshard", keep_unsharded_after_forward))
+    assert run.reason == "sequence-differs"
+    assert "free blocks.0" in run.details["expected"]
+
+
+@pytest.mark.breaks("17-fsdp2-prefetch", "per-unit-settings")
+def test_a_guide_that_says_blocks_1_is_freed_is_caught(broken) -> None:
+    stated = [
+        "root: kept after forward",
+        "blocks.0: freed after forward",
+        "blocks.1: freed after forward",
+        "blocks.2: resharded to a smaller mesh after forward",
+        "backward prefetches: root→blocks.2 blocks.1→blocks.0",
+    ]
+    run = broken(stated=stated)
+    assert run.reason == "settings-differ-from-guide"

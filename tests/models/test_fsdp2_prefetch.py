@@ -115,3 +115,43 @@ def test_a_unit_fed_the_models_input_is_reduced_in_the_final_callback_after_the_
         "post_backward 0", "free 0", "reduce_grad 0",
     ]  # fmt: skip
     assert prefetches(seq, phase="backward") == ["root→1", "1→0"]
+
+
+# -- a setting per unit, and ints ----------------------------------------------------------------------------------
+def test_each_unit_applies_its_own_setting() -> None:
+    blocks = ["a", "b", "c"]
+    settings = {ROOT: None, "a": True, "b": False, "c": 2}
+    seq = step_sequence(blocks, ROOT, reshard_after_forward=settings, world_size=4)
+    forward = seq[: seq.index(f"pre_backward {ROOT}")]
+    # a freed, b kept, c resharded to 2 ranks; the root (None) kept.
+    assert [e for e in forward if e.startswith(("free", "reshard"))] == ["free a", "reshard c"]
+    # Backward all-gathers what forward did not keep: c (from its 2 ranks) by the root's prefetch, a by b's.
+    assert prefetches(seq, phase="backward") == [f"{ROOT}→c", "b→a"]
+    assert all_gathers(seq) == {"forward": 4, "backward": 2}
+
+
+def test_an_int_reshards_unless_it_is_1_or_n() -> None:
+    blocks = ["a", "b"]
+    as_true = step_sequence(blocks, ROOT, reshard_after_forward=True, world_size=4)
+    assert step_sequence(blocks, ROOT, reshard_after_forward=4, world_size=4) == as_true  # k = N is True
+    as_false = step_sequence(blocks, ROOT, reshard_after_forward=False, world_size=4)
+    assert step_sequence(blocks, ROOT, reshard_after_forward=1, world_size=4) == as_false  # k = 1 is False
+    two = step_sequence(blocks, ROOT, reshard_after_forward=2, world_size=4)
+    # True's sequence, its post-forward frees (the root's too: an explicit int applies to it) now reshards to
+    # 2 ranks; backward all-gathers the same groups and frees them as True does.
+    split = as_true.index(f"pre_backward {ROOT}")
+    assert two == [e.replace("free ", "reshard ") for e in as_true[:split]] + as_true[split:]
+    assert [e for e in two[:split] if e.startswith("reshard ")] == ["reshard a", "reshard b", f"reshard {ROOT}"]
+
+
+def test_settings_the_model_cannot_take_are_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="needs the world size"):
+        step_sequence(["a"], ROOT, reshard_after_forward=2)
+    with pytest.raises(ValueError, match=r"names no setting for \['a'\]"):
+        step_sequence(["a"], ROOT, reshard_after_forward={ROOT: True})
+    with pytest.raises(ValueError, match=r"unknown units \['z'\]"):
+        step_sequence(["a"], ROOT, reshard_after_forward={ROOT: True, "a": True, "z": False})
+    with pytest.raises(ValueError, match="must be a factor of 4, not 3"):
+        step_sequence(["a"], ROOT, reshard_after_forward=3, world_size=4)
+    with pytest.raises(ValueError, match="a bool, an int or None, not 'yes'"):
+        step_sequence(["a"], ROOT, reshard_after_forward="yes")  # type: ignore[arg-type]
