@@ -96,9 +96,18 @@ def make(name: str, params: Any, lr: float = LR) -> torch.optim.Optimizer:
     return cls(params, lr=lr, **kwargs)
 
 
-def build(impl: str, ctx: RankContext, precision: str = "fp32", lr: float = LR, optim_name: str = "adamw") -> Trained:
+def build(
+    impl: str,
+    ctx: RankContext,
+    precision: str = "fp32",
+    lr: float = LR,
+    *,
+    optim_name: str = "adamw",
+    use_orig_params: bool = True,
+) -> Trained:
     """``impl`` from `checks.models.zero_memory.IMPLEMENTATIONS`, on mini_gpt tiny from seed 0, stepped by the
-    optimizer ``optim_name`` (`checks.models.zero_memory.OPTIMIZERS`; AdamW is mini_gpt's own)."""
+    optimizer ``optim_name`` (`checks.models.zero_memory.OPTIMIZERS`; AdamW is mini_gpt's own);
+    ``use_orig_params`` for FSDP1's."""
     mixed = precision == "bf16"
     new_optimizer = partial(make, optim_name)
     if impl in ("ddp", "torch-zero"):
@@ -125,7 +134,8 @@ def build(impl: str, ctx: RankContext, precision: str = "fp32", lr: float = LR, 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # NO_SHARD's deprecation (guide 09)
             model = fsdp1_gpt(ctx, sharding_strategy=ShardingStrategy[FSDP1_STRATEGIES[impl]],
-                              mixed_precision=MixedPrecision(param_dtype=BF16) if mixed else None)  # fmt: skip
+                              mixed_precision=MixedPrecision(param_dtype=BF16) if mixed else None,
+                              use_orig_params=use_orig_params)  # fmt: skip
         optim = new_optimizer(model.parameters(), lr)
 
         def full(grads: bool) -> dict[str, torch.Tensor]:
@@ -191,17 +201,20 @@ def _one_step(trained: Trained, ctx: RankContext, step: int = 0) -> torch.Tensor
     return loss.detach()
 
 
-def memory_per_rank(ctx: RankContext, precision: str = "fp32", impls: list[str] | None = None) -> dict[str, Any]:
+def memory_per_rank(
+    ctx: RankContext, precision: str = "fp32", impls: list[str] | None = None, use_orig_params: bool = True
+) -> dict[str, Any]:
     """After one step (gradients kept), every implementation holds on every rank exactly the bytes per category
-    of `checks.models.zero_memory`, padding included, and no unsharded parameters."""
+    of `checks.models.zero_memory`, padding included, and no unsharded parameters (FSDP1's with
+    ``use_orig_params``)."""
     params = parameters_of_tiny()
     measured: dict[str, dict[str, int]] = {}
     padding: dict[str, dict[str, int]] = {}
     for impl in impls or IMPLEMENTATIONS:
-        trained = build(impl, ctx, precision)
+        trained = build(impl, ctx, precision, use_orig_params=use_orig_params)
         _one_step(trained, ctx)
         held = held_bytes(trained)
-        want: Memory = per_rank(impl, params, ctx.world_size, ctx.rank, precision)
+        want: Memory = per_rank(impl, params, ctx.world_size, ctx.rank, precision, use_orig_params=use_orig_params)
         got = {c: held[c] for c in CATEGORIES}
         require_equal(got, want.by_category(), reason="memory-mismatch",
                       what=f"{impl} ({precision}) rank {ctx.rank} of {ctx.world_size}: bytes by category",
@@ -523,3 +536,12 @@ def adam_forgetting_amsgrad(original: Any, self: Any, *args: Any, **kwargs: Any)
     for state in self.state.values():
         state.pop("max_exp_avg_sq", None)
     return loss
+
+
+def adam_keeping_an_extra_buffer(original: Any, self: Any, group: Any, *args: Any, **kwargs: Any) -> Any:
+    """`Adam._init_group`, then one more zero buffer per parameter with a gradient: state a third larger."""
+    out = original(self, group, *args, **kwargs)
+    for p in group["params"]:
+        if p.grad is not None:
+            self.state[p].setdefault("extra", torch.zeros_like(p))
+    return out

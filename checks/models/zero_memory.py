@@ -127,11 +127,20 @@ def units(params: Sequence[Param]) -> dict[str, list[Param]]:
 
 
 def per_rank(
-    impl: str, params: Sequence[Param], world_size: int, rank: int, precision: str = "fp32", *, optim: str = "adamw"
+    impl: str,
+    params: Sequence[Param],
+    world_size: int,
+    rank: int,
+    precision: str = "fp32",
+    *,
+    optim: str = "adamw",
+    use_orig_params: bool = True,
 ) -> Memory:
     """What ``rank`` of ``world_size`` holds under ``impl`` (one of `IMPLEMENTATIONS`), the optimizer ``optim``
-    (one of `OPTIMIZERS`)."""
+    (one of `OPTIMIZERS`); ``use_orig_params`` is FSDP1's (any other implementation refuses False)."""
     opt = optimizer(optim)
+    if not use_orig_params and impl not in FSDP1:
+        raise ValueError(f"use_orig_params is an FSDP1 setting; {impl!r} has none (one of {', '.join(FSDP1)})")
     if precision not in PRECISIONS:
         raise ValueError(f"precision is one of {sorted(PRECISIONS)}, not {precision!r}")
     if not 0 <= rank < world_size:
@@ -144,7 +153,7 @@ def per_rank(
     if impl in REFERENCE:
         return reference(REFERENCE[impl], params, world_size, rank, precision, opt=opt)
     if impl in FSDP1:
-        return fsdp1(FSDP1[impl], params, world_size, rank, precision, opt=opt)
+        return fsdp1(FSDP1[impl], params, world_size, rank, precision, opt=opt, use_orig_params=use_orig_params)
     if impl == "fsdp2":
         return fsdp2(params, world_size, rank, opt=opt)
     raise ValueError(f"unknown implementation {impl!r}; one of {IMPLEMENTATIONS}")
@@ -210,25 +219,30 @@ def fsdp1(
     precision: str,
     *,
     opt: Optimizer = OPTIMIZERS["adamw"],
+    use_orig_params: bool = True,
 ) -> Memory:
-    """FSDP1 with ``use_orig_params=True``, one unit per `Param.unit`: fp32 flat parameter and gradient (its shard,
-    or the whole under NO_SHARD, padding included); the optimizer updates the original parameters' views, so its
-    state has no padding, and a parameter with no element on this rank has no gradient, hence no state."""
+    """FSDP1, one unit per `Param.unit`: fp32 flat parameter and gradient (its shard, or the whole under
+    NO_SHARD, padding included). With ``use_orig_params=True`` the optimizer updates the original parameters'
+    views, so its state has no padding, and a parameter with no element on this rank has no gradient, hence no
+    state. With False it updates each unit's `FlatParameter` itself: one state per unit, over the whole flat
+    shard, padding included, and the flat parameter is not aligned (`checks.models.flat_param`, rule 2)."""
     width = PRECISIONS[precision]
     flat = pad = state = tensors = 0
     for members in units(params).values():
-        lay = layout([p.numel for p in members], width, world_size, sharded=sharded)
+        lay = layout([p.numel for p in members], width, world_size, sharded=sharded, align=use_orig_params)
         if sharded:
             lo, hi = lay.shard_range(rank)
-            flat += hi - lo
-            pad += (hi - lo) - sum(lay.in_shard(rank))
+            held, real = hi - lo, sum(lay.in_shard(rank))
             local = [k for k in lay.in_shard(rank) if k]
         else:
-            flat += lay.padded_numel
-            pad += lay.padded_numel - sum(lay.numels)
+            held, real = lay.padded_numel, sum(lay.numels)
             local = list(lay.numels)
+        flat, pad = flat + held, pad + held - real
+        if not use_orig_params:
+            local = [held]  # the flat shard is the one tensor the optimizer sees
         state, tensors = state + sum(local), tensors + len(local)
-    padding = (("params", FP32 * pad), ("grads", FP32 * pad), ("optim", 0), ("master", 0))
+    state_pad = 0 if use_orig_params else opt.element_bytes * pad
+    padding = (("params", FP32 * pad), ("grads", FP32 * pad), ("optim", state_pad), ("master", 0))
     return Memory(FP32 * flat, FP32 * flat, opt.state_bytes(state, tensors), 0, padding)
 
 

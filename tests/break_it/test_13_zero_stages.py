@@ -6,6 +6,7 @@ from checks.breakit.patches import replacing, returning, set_to, skipping, wrapp
 from checks.guides.g13_zero_stages import (
     EXTRA_TEMP_BYTES,
     adam_forgetting_amsgrad,
+    adam_keeping_an_extra_buffer,
     ddp_without_all_reduce,
     drop_extra_temp,
     extra_temp_in_shard_grad_op,
@@ -209,3 +210,18 @@ def test_momentum_buffers_without_momentum_are_caught_on_4_ranks(broken) -> None
     run = broken(wrapping(SGD_STEP, sgd_keeping_momentum_always))
     assert (run.reason, run.details["impl"], run.details["optimizer"]) == ("memory-mismatch", "ddp", "sgd")
     assert (run.details["observed"]["optim"], run.details["expected"]["optim"]) == (4 * PSI, 0)
+
+
+# -- use_orig_params=False -------------------------------------------------------------------------------------------
+@pytest.mark.breaks("13-zero-stages", "memory-flat-parameters")
+def test_an_extra_buffer_per_flat_parameter_is_caught(broken) -> None:
+    run = broken(wrapping("torch.optim.adam:Adam._init_group", adam_keeping_an_extra_buffer))
+    assert (run.reason, run.details["impl"]) == ("memory-mismatch", "no-shard")
+    assert run.details["observed"]["optim"] - run.details["expected"]["optim"] == 4 * PSI  # one flat buffer more
+
+
+@pytest.mark.breaks("13-zero-stages", "memory-flat-parameters")
+def test_flat_parameters_left_unsharded_after_backward_are_caught(broken) -> None:
+    run = broken(returning(f"{RU}:_should_free_in_backward", False))
+    assert (run.reason, run.details["impl"]) == ("unsharded-after-step", "shard-grad-op")
+    assert run.details["observed"] > 0

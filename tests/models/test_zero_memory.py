@@ -150,3 +150,18 @@ def test_sharded_state_follows_the_optimizer_over_what_the_rank_updates() -> Non
 def test_an_optimizer_the_model_does_not_know_is_refused() -> None:
     with pytest.raises(ValueError, match="knows no optimizer 'lion'; one of adamw, adam, adam-amsgrad, sgd"):
         per_rank("ddp", TOY, 2, 0, optim="lion")
+
+
+def test_fsdp1_without_orig_params_keeps_one_state_per_flat_shard_padding_included() -> None:
+    # No alignment: units of 28, 40 and 30 elements pad to 28, 40, 32 at N=4; shards of 7, 10 and 8, rank 3's root
+    # shard holding 2 padding elements, which the optimizer's state covers too (it updates the flat shard).
+    m = per_rank("full-shard", TOY, 4, 3, use_orig_params=False)
+    assert (m.params, m.grads, m.optim) == (4 * 25, 4 * 25, 8 * 25 + 4 * 3)
+    assert m.padding_bytes() == {"params": 4 * 2, "grads": 4 * 2, "optim": 8 * 2, "master": 0}
+    no_shard = per_rank("no-shard", TOY, 4, 0, use_orig_params=False, optim="sgd-momentum")
+    assert (no_shard.params, no_shard.optim) == (4 * 98, 4 * 98)  # the whole unaligned flat parameters
+
+
+def test_use_orig_params_is_refused_outside_fsdp1() -> None:
+    with pytest.raises(ValueError, match="use_orig_params is an FSDP1 setting; 'fsdp2' has none"):
+        per_rank("fsdp2", TOY, 2, 0, use_orig_params=False)
