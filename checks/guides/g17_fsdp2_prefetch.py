@@ -303,6 +303,39 @@ def per_unit_settings(ctx: RankContext, settings: dict[str, str], stated: list[s
     return {"lines": lines, "all_gathers": gathers, "sequence": step["sequence"]}
 
 
+def root_without_parameters(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
+    """The toy with its last layer made a unit too, so the root holds no parameter of its own: the step's whole
+    event sequence and all-gathers are `step_sequence`'s with ``root_params=False``; torch's post-forward order,
+    the backward's prefetches and the root's own events are the guide's lines."""
+    model = toy.wrap_fsdp2(toy.toy_model(ctx.device), ctx, units=("0", "1", "2"))
+    require(model._get_fsdp_state()._fsdp_param_group is None, "root-has-a-group",
+            "the root holds parameters of its own: the case is not built")  # fmt: skip
+    forward = ("0", "1", "2")
+    expected = step_sequence(forward, ROOT, no_input_grad=NO_INPUT_GRAD["toy"], root_params=False)
+    with record_events(model, label="a root without parameters") as events:
+        with record_comm() as forward_comm:
+            loss = _loss(ctx, "toy", model)
+        order = torch_post_forward_order(model)
+        with record_comm() as backward_comm:
+            loss.backward()
+    gathers = {
+        "forward": sum(c.op == "all_gather" for c in forward_comm),
+        "backward": sum(c.op == "all_gather" for c in backward_comm),
+    }
+    step = {"sequence": _events(events), "expected": expected, "all_gathers": gathers, "where": {"root": "no params"}}
+    matches_model(step)
+    root_events = [e.split()[0] for e in step["sequence"] if e.split()[-1] == ROOT]
+    callback = [e.split()[-1] for e in step["sequence"] if e.startswith("final_callback ")]
+    lines = [
+        f"post-forward order: {' '.join(order)}",
+        f"backward prefetches: {' '.join(prefetches(step['sequence'], phase='backward'))}",
+        f"root events: {' '.join(root_events)}",
+        f"final callback queued by: {' '.join(callback)}",
+    ]
+    require_equal(lines, stated, reason="root-differs-from-guide", what="a root without parameters")
+    return {"lines": lines, "all_gathers": gathers}
+
+
 def order_of_this_step(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
     """A model whose second step runs its blocks in reverse. Implicit: step 2's backward prefetches follow step 2's
     post-forward order (nothing is kept from step 1). Explicit lookahead 1, set for the module order: step 2
@@ -656,3 +689,10 @@ def post_forward_mesh_ignored(original: Any, self: Any) -> None:
     """``FSDPParamGroup._to_sharded_post_forward`` resharding to the whole mesh instead: an int setting read as
     True."""
     self._to_sharded()
+
+
+def callback_queued_every_time(original: Any, self: Any) -> None:
+    """``_register_root_post_backward_final_callback`` that never finds the callback queued: every state's
+    pre-backward queues its own, and the final callback runs once per state."""
+    self._state_ctx.post_backward_final_callback_queued = False
+    original(self)

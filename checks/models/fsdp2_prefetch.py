@@ -68,23 +68,32 @@ def step_sequence(
     forward_targets: Mapping[str, Sequence[str]] | None = None,
     backward_targets: Mapping[str, Sequence[str]] | None = None,
     no_input_grad: Sequence[str] = (),
+    root_params: bool = True,
+    callback_state: str | None = None,
 ) -> list[str]:
     """The step's events, as ``unshard U``, ``prefetch U→T``, ``wait_unshard U``, ``free U``, ``pre_backward U``,
         ``post_backward U``, ``reduce_grad U``, ``root_pre_forward R`` and ``final_callback R``, for inner units run
         in ``forward`` order under ``root`` (see the module docstring). All groups start sharded. ``no_input_grad``:
     inner units whose forward inputs need no gradient. ``reshard_after_forward`` is one setting for every unit or
     a mapping naming each unit's own (as ``fully_shard`` takes it per call); an int k < N reshards to k ranks
-    after forward (``reshard U``; `after_forward`) and needs ``world_size``."""
+    after forward (``reshard U``; `after_forward`) and needs ``world_size``. ``root_params=False``: the root has
+    no parameters of its own, so no parameter group: it still runs the root's pre-forward and queues the final
+    callback, but never unshards, reshards, prefetches or reduces, and is not in the post-forward order.
+    ``callback_state``: the state whose pre-backward hook runs first and so queues the final callback
+    (``_register_root_post_backward_final_callback``, on whichever state calls it first). By default the root; a
+    root without parameters that returns its last unit's output unchanged (an ``nn.Sequential``) is preceded by
+    that unit, whose hook on the same tensor was registered first, so the default is then that unit."""
     forward_targets = forward_targets or {}
     backward_targets = backward_targets or {}
-    units = [root, *forward]
-    if len(set(units)) != len(units):
-        raise ValueError(f"each unit runs once here: {units}")
+    units = [root, *forward] if root_params else list(forward)
+    if len(set([root, *forward])) != len(forward) + 1:
+        raise ValueError(f"each unit runs once here: {[root, *forward]}")
     for targets in (forward_targets, backward_targets):
         for unit, wanted in targets.items():
             unknown = [u for u in (unit, *wanted) if u not in units]
             if unknown:
-                raise ValueError(f"unknown units {unknown}")
+                where = "" if root_params else " (a root without parameters has no group to prefetch)"
+                raise ValueError(f"unknown units {unknown}{where}")
     if unknown := [u for u in no_input_grad if u not in forward]:
         raise ValueError(f"unknown inner units {unknown}")
     if isinstance(reshard_after_forward, Mapping):
@@ -137,7 +146,8 @@ def step_sequence(
             unshard(target, issuer=unit)
         if unit != root:
             post_forward_of(unit)
-    post_forward_of(root)
+    if root_params:
+        post_forward_of(root)
 
     for index in reversed(range(len(post_forward))):
         unit = post_forward[index]
@@ -152,8 +162,12 @@ def step_sequence(
             unshard(post_forward[index - 1], issuer=unit)
         if unit != root and unit not in no_input_grad:
             post_backward(unit)
-    seq.append(f"final_callback {root}")
-    for unit in (root, *(u for u in forward if u in no_input_grad)):
+    if callback_state is None:
+        callback_state = root if root_params or not post_forward else post_forward[-1]
+    elif callback_state not in (root, *forward):
+        raise ValueError(f"unknown callback state {callback_state!r}")
+    seq.append(f"final_callback {callback_state}")
+    for unit in ([root] if root_params else []) + [u for u in forward if u in no_input_grad]:
         post_backward(unit)
     return seq
 

@@ -11,6 +11,7 @@ from packaging.version import Version
 from checks.breakit.patches import returning, wrapping
 from checks.guides.g17_fsdp2_prefetch import (
     callback_ignores_manual_mode,
+    callback_queued_every_time,
     clear_before_finalize,
     deferred_reductions_dropped,
     finalize_always_waits,
@@ -255,3 +256,30 @@ def test_a_guide_that_says_blocks_1_is_freed_is_caught(broken) -> None:
     ]
     run = broken(stated=stated)
     assert run.reason == "settings-differ-from-guide"
+
+
+# -- a root without parameters ---------------------------------------------------------------------------------------
+@pytest.mark.breaks("17-fsdp2-prefetch", "root-without-parameters")
+def test_a_callback_queued_by_every_state_is_caught(broken) -> None:
+    run = broken(wrapping(f"{STATE}._register_root_post_backward_final_callback", callback_queued_every_time))
+    assert run.reason == "sequence-differs"
+    assert sum(e.startswith("final_callback") for e in run.details["observed"]) > 1
+
+
+@pytest.mark.breaks("17-fsdp2-prefetch", "root-without-parameters")
+def test_a_backward_prefetch_that_skips_a_unit_is_caught_without_root_parameters(broken) -> None:
+    run = broken(TWO_BACK)
+    assert run.reason == "sequence-differs"
+    assert "prefetch 2→0" in run.details["observed"]
+
+
+@pytest.mark.breaks("17-fsdp2-prefetch", "root-without-parameters")
+def test_a_guide_that_says_the_root_queues_the_callback_is_caught(broken) -> None:
+    stated = [
+        "post-forward order: 0 1 2",
+        "backward prefetches: 2→1 1→0",
+        "root events: root_pre_forward final_callback",
+        "final callback queued by: root",
+    ]
+    run = broken(stated=stated)
+    assert run.reason == "root-differs-from-guide"

@@ -155,3 +155,16 @@ def test_settings_the_model_cannot_take_are_refused_by_name() -> None:
         step_sequence(["a"], ROOT, reshard_after_forward=3, world_size=4)
     with pytest.raises(ValueError, match="a bool, an int or None, not 'yes'"):
         step_sequence(["a"], ROOT, reshard_after_forward="yes")  # type: ignore[arg-type]
+
+
+def test_a_root_without_parameters_has_no_group_and_its_last_unit_queues_the_callback() -> None:
+    seq = step_sequence(["a", "b"], ROOT, root_params=False)
+    assert [e for e in seq if e.endswith(f" {ROOT}")] == [f"root_pre_forward {ROOT}"]
+    assert "final_callback b" in seq and prefetches(seq, phase="backward") == ["b→a"]
+    assert all_gathers(seq) == {"forward": 2, "backward": 2}  # a and b, freed after forward (True)
+    with_root = step_sequence(["a", "b"], ROOT, root_params=False, callback_state=ROOT)
+    assert "final_callback root" in with_root
+    with pytest.raises(ValueError, match="has no group to prefetch"):
+        step_sequence(["a", "b"], ROOT, root_params=False, backward_targets={ROOT: ["b"]})
+    with pytest.raises(ValueError, match="unknown callback state 'z'"):
+        step_sequence(["a"], ROOT, callback_state="z")
