@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from checks.models.flat_param import padded_numel
+from checks.models.fsdp2_reshard import Setting, post_forward_world_size
 from checks.models.fsdp2_shards import padded_shard_numel
 from checks.models.ring import ring_bytes
 
@@ -55,6 +56,10 @@ class Op:
     numel: int
     backward: bool
     unit: str = ""
+    group: int | None = None  # ranks of this collective's group, when not the step's world size
+
+    def ranks(self, world_size: int) -> int:
+        return self.group if self.group is not None else world_size
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,9 @@ class Volume:
 
     @property
     def ring(self) -> Fraction:
-        return sum((ring_bytes(o.op, o.numel * self.element_bytes, self.world_size) for o in self.ops), Fraction(0))
+        return sum(
+            (ring_bytes(o.op, o.numel * self.element_bytes, o.ranks(self.world_size)) for o in self.ops), Fraction(0)
+        )
 
     def by_op(self) -> dict[str, dict[str, int]]:
         """{op: {"count", "numel"}}, in first-seen order."""
@@ -161,6 +168,37 @@ def step(
         raise ValueError(f"unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
     freed = freed_after_forward(strategy, padded, root)
     return sharded_step(padded, freed, element_bytes, world_size, backward_order)
+
+
+def fsdp2_step(
+    unit_shapes: Mapping[str, Sequence[tuple[int, ...]]],
+    world_size: int,
+    reshard_after_forward: Setting | Mapping[str, Setting],
+    *,
+    root: str,
+    backward_order: Sequence[str] | None = None,
+    element_bytes: int = 4,
+) -> Volume:
+    """One FSDP2 step with a ``reshard_after_forward`` for every unit, or one per unit (a mapping naming each):
+    forward all-gathers every unit over all N ranks; backward all-gathers again each unit its post-forward
+    resharded, over the ranks it was resharded to (N for True, k for an int k, guide 18's
+    `checks.models.fsdp2_reshard.post_forward_world_size`), and reduce-scatters every unit over N."""
+    if isinstance(reshard_after_forward, Mapping):
+        if missing := [u for u in unit_shapes if u not in reshard_after_forward]:
+            raise ValueError(f"reshard_after_forward names no setting for {missing}")
+        if extra := [u for u in reshard_after_forward if u not in unit_shapes]:
+            raise ValueError(f"reshard_after_forward names unknown units {extra}")
+        settings = dict(reshard_after_forward)
+    else:
+        settings = dict.fromkeys(unit_shapes, reshard_after_forward)
+    padded = fsdp2_padded(unit_shapes, world_size)
+    order = list(backward_order) if backward_order is not None else list(reversed(list(padded)))
+    after = {u: post_forward_world_size(settings[u], world_size, is_root=u == root) for u in padded}
+    forward = [Op("all_gather", padded[u], False, u) for u in padded]
+    smaller = {u: k if k != world_size else None for u, k in after.items()}  # None: the step's world
+    backward = [Op("all_gather", padded[u], True, u, smaller[u]) for u in order if after[u] is not None]
+    backward += [Op("reduce_scatter", padded[u], True, u) for u in order]
+    return Volume((*forward, *backward), element_bytes, world_size)
 
 
 # Strategies whose steps inside ``no_sync()`` are modelled (guide 10 reads FSDP1's and DDP's).

@@ -384,7 +384,7 @@ class Comm:
     @property
     def latency(self) -> Fraction:
         n = self.volume.world_size
-        return sum((STEPS[o.op] * (n - 1) * self.link.latency for o in self.volume.ops), Fraction(0))
+        return sum((STEPS[o.op] * (o.ranks(n) - 1) * self.link.latency for o in self.volume.ops), Fraction(0))
 
     @property
     def bandwidth_time(self) -> Fraction:
@@ -394,7 +394,8 @@ class Comm:
     def time(self) -> Fraction:
         v = self.volume
         return sum(
-            (collective_time(o.op, o.numel * v.element_bytes, v.world_size, self.link) for o in v.ops), Fraction(0)
+            (collective_time(o.op, o.numel * v.element_bytes, o.ranks(v.world_size), self.link) for o in v.ops),
+            Fraction(0),
         )
 
 

@@ -164,3 +164,46 @@ def test_ddp_inside_no_sync_communicates_nothing() -> None:
 def test_a_strategy_whose_no_sync_is_not_modelled_is_refused() -> None:
     with pytest.raises(ValueError, match="modelled for ddp, full-shard, shard-grad-op, not 'fsdp2'"):
         cv.accumulation_steps("fsdp2", TOY, 2, SYNCS, root=ROOT)
+
+
+# -- FSDP2 with a setting per unit, and ints -------------------------------------------------------------------------
+def test_fsdp2_backward_gathers_each_unit_over_the_ranks_it_was_resharded_to() -> None:
+    # N=4: the root kept (None), unit 0 resharded to 2 ranks, unit 1 kept (False). FSDP2 pads each parameter's
+    # dim 0 to a multiple of 4: root (5,5)+(5,) → 8·5 + 8 = 48; 0: (7,3)+(7,) → 8·3 + 8 = 32; 1: (5,7)+(5,) → 8·7 + 8.
+    v = cv.fsdp2_step(TOY, 4, {ROOT: None, "0": 2, "1": False}, root=ROOT)
+    sizes = {ROOT: 48, "0": 32, "1": 64}
+    assert [(o.op, o.unit, o.numel, o.ranks(4), o.backward) for o in v.ops] == [
+        ("all_gather", ROOT, 48, 4, False),
+        ("all_gather", "0", 32, 4, False),
+        ("all_gather", "1", 64, 4, False),
+        ("all_gather", "0", 32, 2, True),  # from the 2 ranks unit 0 kept its post-forward shard on
+        ("reduce_scatter", "1", 64, 4, True),
+        ("reduce_scatter", "0", 32, 4, True),
+        ("reduce_scatter", ROOT, 48, 4, True),
+    ]
+    # Ring bytes: (N−1)/N · S for each op of the whole world, (k−1)/k · S for the post-forward gather over k = 2.
+    whole = sum(sizes.values()) * 4
+    assert v.ring == Fraction(3, 4) * whole * 2 + Fraction(1, 2) * 32 * 4
+
+
+def test_fsdp2_step_with_one_setting_is_the_strategys_step() -> None:
+    for setting, strategy in ((True, "fsdp2"), (None, "fsdp2-default"), (False, "fsdp2-no-reshard")):
+        assert cv.fsdp2_step(TOY, 4, setting, root=ROOT) == cv.step(strategy, TOY, 4, root=ROOT)
+
+
+def test_fsdp2_settings_the_model_cannot_take_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"names no setting for \['0', '1'\]"):
+        cv.fsdp2_step(TOY, 4, {ROOT: True}, root=ROOT)
+    with pytest.raises(ValueError, match="must be a factor of 4, not 3"):
+        cv.fsdp2_step(TOY, 4, 3, root=ROOT)
+
+
+def test_fsdp2_step_sends_what_guide_18s_reshard_model_says() -> None:
+    """Guide 18 holds `fsdp2_reshard.ring_step_bytes` to real runs for every setting, the int 2 on four ranks
+    included; the per-unit model agrees with it where both apply."""
+    from checks.models import fsdp2_reshard
+
+    padded = cv.fsdp2_padded(TOY, 4)
+    for setting in (True, None, False, 2, 1, 4):
+        want = fsdp2_reshard.ring_step_bytes(padded, ROOT, setting, 4, element_bytes=4)["step"]
+        assert cv.fsdp2_step(TOY, 4, setting, root=ROOT).ring == want, setting
