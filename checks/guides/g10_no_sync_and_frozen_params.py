@@ -375,8 +375,8 @@ def no_sync_steps(ctx: RankContext, strategies: list[str], syncs: list[bool], ex
             observed.setdefault(strategy, []).append(counts)
             reduced = sum(int(n) for n in seen["all_reduce"])
             lines.append(
-                f"{strategy} step {i + 1} ({label}): {counts['forward']} + {counts['backward']} all-gathers, "
-                f"{counts['reduce']} reduce-scatters, {reduced:,} elements all-reduced"
+                f"{strategy} {i + 1} {label}: AG {counts['forward']}+{counts['backward']}, RS {counts['reduce']}, "
+                f"AR {reduced:,}"
             )
         del model, optim
     require_equal(lines, expected, reason="steps-differ-from-guide", what="each step's collectives, counted")

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from checks.models.flat_param import padded_numel
-from checks.models.fsdp2_reshard import Setting, post_forward_world_size
+from checks.models.fsdp2_reshard import Setting, per_unit, post_forward_world_size
 from checks.models.fsdp2_shards import padded_shard_numel
 from checks.models.ring import ring_bytes
 
@@ -183,14 +183,7 @@ def fsdp2_step(
     forward all-gathers every unit over all N ranks; backward all-gathers again each unit its post-forward
     resharded, over the ranks it was resharded to (N for True, k for an int k, guide 18's
     `checks.models.fsdp2_reshard.post_forward_world_size`), and reduce-scatters every unit over N."""
-    if isinstance(reshard_after_forward, Mapping):
-        if missing := [u for u in unit_shapes if u not in reshard_after_forward]:
-            raise ValueError(f"reshard_after_forward names no setting for {missing}")
-        if extra := [u for u in reshard_after_forward if u not in unit_shapes]:
-            raise ValueError(f"reshard_after_forward names unknown units {extra}")
-        settings = dict(reshard_after_forward)
-    else:
-        settings = dict.fromkeys(unit_shapes, reshard_after_forward)
+    settings = per_unit(reshard_after_forward, unit_shapes)
     padded = fsdp2_padded(unit_shapes, world_size)
     order = list(backward_order) if backward_order is not None else list(reversed(list(padded)))
     after = {u: post_forward_world_size(settings[u], world_size, is_root=u == root) for u in padded}

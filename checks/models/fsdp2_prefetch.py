@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from checks.models.fsdp2_reshard import Setting, post_forward_world_size
+from checks.models.fsdp2_reshard import Setting, per_unit, post_forward_world_size
 
 RESHARD = (True, None, False)
 FREE, KEEP, RESHARD_SMALLER = "free", "keep", "reshard"
@@ -96,14 +96,7 @@ def step_sequence(
                 raise ValueError(f"unknown units {unknown}{where}")
     if unknown := [u for u in no_input_grad if u not in forward]:
         raise ValueError(f"unknown inner units {unknown}")
-    if isinstance(reshard_after_forward, Mapping):
-        if missing := [u for u in units if u not in reshard_after_forward]:
-            raise ValueError(f"reshard_after_forward names no setting for {missing}")
-        if extra := [u for u in reshard_after_forward if u not in units]:
-            raise ValueError(f"reshard_after_forward names unknown units {extra}")
-        settings = dict(reshard_after_forward)
-    else:
-        settings = dict.fromkeys(units, reshard_after_forward)
+    settings = per_unit(reshard_after_forward, units)
     actions = {u: after_forward(u, root, settings[u], world_size) for u in units}
     state = dict.fromkeys(units, "sharded")
     seq: list[str] = []

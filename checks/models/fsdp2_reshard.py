@@ -21,7 +21,7 @@ reduce-scatters every unit over N. P is a unit's padded unsharded size (every di
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
 
 from checks.models.ring import ring_bytes
@@ -42,6 +42,19 @@ def resolve(setting: Setting, world_size: int) -> tuple[bool | int, bool]:
     if setting == world_size:
         return True, False
     return setting, False
+
+
+def per_unit(settings: Setting | Mapping[str, Setting], units: Iterable[str]) -> dict[str, Setting]:
+    """Each unit's own setting: one ``setting`` for all, or a mapping that names every unit (as ``fully_shard``
+    takes it, one call per unit) and no other; a unit left out or one not in ``units`` is refused."""
+    units = list(units)
+    if not isinstance(settings, Mapping):
+        return dict.fromkeys(units, settings)
+    if missing := [u for u in units if u not in settings]:
+        raise ValueError(f"reshard_after_forward names no setting for {missing}")
+    if extra := [u for u in settings if u not in units]:
+        raise ValueError(f"reshard_after_forward names unknown units {extra}")
+    return {u: settings[u] for u in units}
 
 
 def post_forward_world_size(setting: Setting, world_size: int, *, is_root: bool) -> int | None:
