@@ -54,10 +54,10 @@ def _build(ctx: RankContext, workload: str, reshard: bool | None) -> nn.Module:
     return toy.wrap_fsdp2(model, ctx, reshard_after_forward=reshard)
 
 
-def _loss(ctx: RankContext, workload: str, model: nn.Module) -> torch.Tensor:
+def _loss(ctx: RankContext, workload: str, model: nn.Module, step: int = 0) -> torch.Tensor:
     if workload == "gpt":
-        return model(*batch(ctx))[1]
-    return model(toy.toy_batch(ctx)).sum()
+        return model(*batch(ctx, step=step))[1]
+    return model(toy.toy_batch(ctx, step=step)).sum()
 
 
 def _modules(model: nn.Module, workload: str) -> dict[str, nn.Module]:
@@ -334,6 +334,82 @@ def root_without_parameters(ctx: RankContext, stated: list[str]) -> dict[str, An
     ]
     require_equal(lines, stated, reason="root-differs-from-guide", what="a root without parameters")
     return {"lines": lines, "all_gathers": gathers}
+
+
+# Several forwards before backward: each case is (workload, reshard_after_forward, the forwards each backward
+# covers in call order, each backward's is_last_backward); every case runs two forwards.
+SEVERAL_FORWARDS: dict[str, tuple[str, bool | None, list[list[int]], list[bool]]] = {
+    "one backward": ("gpt", None, [[1, 2]], [True]),
+    "two backwards": ("gpt", None, [[2], [1]], [True, True]),
+    "two, the first not last": ("gpt", None, [[2], [1]], [False, True]),
+    "False, one backward": ("gpt", False, [[1, 2]], [True]),
+    "toy, one backward": ("toy", None, [[1, 2]], [True]),
+}
+
+
+SEVERAL_FORWARDS_COLUMNS = ("forward", "backward", "prefetched", "post_backwards", "reduce_scatters")
+
+
+def several_forwards_row(sequence: list[str], gathers: dict[str, int], reduce_scatters: int) -> list[int]:
+    """One line of ``expect several-forwards``: all-gathers in forward and in backward, the backward's prefetches,
+    post-backward hooks run, reduce-scatters."""
+    post_backwards = sum(e.startswith("post_backward ") for e in sequence)
+    prefetched = len(prefetches(sequence, phase="backward"))
+    return [gathers["forward"], gathers["backward"], prefetched, post_backwards, reduce_scatters]
+
+
+def _stated_rows(stated: list[str]) -> dict[str, list[int]]:
+    """``label  n n n n n`` lines: the label is everything before the last five numbers."""
+    rows = {}
+    for line in stated:
+        words = line.split()
+        rows[" ".join(words[:-5])] = [int(w) for w in words[-5:]]
+    return rows
+
+
+def several_forwards(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
+    """Two forwards before backward, for each case of `SEVERAL_FORWARDS`: torch's post-forward order holds one
+    entry per use; the whole event sequence is `step_sequence`'s with ``forwards=2`` and the case's backwards, and
+    the recorder's all-gathers (forward, backward) and reduce-scatters are that sequence's counts. Each case's
+    line is the guide's, from the model first and then from the run."""
+    want = _stated_rows(stated)
+    require_equal(sorted(want), sorted(SEVERAL_FORWARDS), reason="cases-differ-from-guide", what="the cases")
+    out: dict[str, Any] = {}
+    for case, (workload, reshard, backwards, last) in SEVERAL_FORWARDS.items():
+        where = {"case": case}
+        forward = FORWARD[workload]
+        expected = step_sequence(
+            forward, ROOT, reshard_after_forward=reshard, no_input_grad=NO_INPUT_GRAD[workload], forwards=2,
+            backwards=backwards, last_backward=last,
+        )  # fmt: skip
+        modelled = several_forwards_row(
+            expected, all_gathers(expected), sum(e.startswith("reduce_grad ") for e in expected)
+        )
+        require_equal(modelled, want[case], reason="model-differs-from-guide", what=f"{case}: the model", **where)
+        model = _build(ctx, workload, reshard)
+        with record_events(model, label=f"two forwards, {case}") as events:
+            with record_comm() as forward_comm:
+                losses = [_loss(ctx, workload, model, step) for step in (1, 2)]
+            order = torch_post_forward_order(model)
+            with record_comm() as backward_comm:
+                for covered, is_last in zip(backwards, last, strict=True):
+                    model.set_is_last_backward(is_last)
+                    sum(losses[number - 1] for number in covered).backward()
+        require_equal(order, [*forward, ROOT] * 2, reason="post-forward-order", what=f"{case}: torch's post-forward "
+                      "order, one entry per use", **where)  # fmt: skip
+        gathers = {
+            "forward": sum(c.op == "all_gather" for c in forward_comm),
+            "backward": sum(c.op == "all_gather" for c in backward_comm),
+        }
+        step = {"sequence": _events(events), "expected": expected, "all_gathers": gathers, "where": where}
+        matches_model(step)
+        reduce_scatters = sum(c.op == "reduce_scatter" for c in backward_comm)
+        require_equal(reduce_scatters, modelled[-1], reason="reduce-scatters", what=f"{case}: reduce-scatters "
+                      "recorded, against the model's", **where)  # fmt: skip
+        row = several_forwards_row(step["sequence"], gathers, reduce_scatters)
+        require_equal(row, want[case], reason="several-differs-from-guide", what=f"{case}: the run", **where)
+        out[case] = dict(zip(SEVERAL_FORWARDS_COLUMNS, row, strict=True))
+    return out
 
 
 def order_of_this_step(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
@@ -696,3 +772,36 @@ def callback_queued_every_time(original: Any, self: Any) -> None:
     pre-backward queues its own, and the final callback runs once per state."""
     self._state_ctx.post_backward_final_callback_queued = False
     original(self)
+
+
+def record_first_use_only(original: Any, self: Any) -> None:
+    """``_record_post_forward`` without multiplicity: a group already in the post-forward order is not appended
+    again, so a second forward adds no entries."""
+    if self._post_forward_indices:
+        return None
+    return original(self)
+
+
+def keep_unsharded_without_gradient(original: Any, self: Any, *unused: Any) -> None:
+    """``FSDPParamGroup.post_backward`` that keeps the group unsharded when no parameter has a gradient yet (an
+    earlier use of a group used twice), so the later use finds it unsharded and all-gathers nothing."""
+    has_grad = any(
+        hasattr(param, "_unsharded_param") and param.unsharded_param.grad is not None for param in self.fsdp_params
+    )
+    if has_grad:
+        return original(self, *unused)
+    kept, self.reshard_after_backward = self.reshard_after_backward, False
+    try:
+        return original(self, *unused)
+    finally:
+        self.reshard_after_backward = kept
+
+
+def post_backward_once(original: Any, self: Any, *unused: Any) -> None:
+    """``FSDPParamGroup.post_backward`` read as idempotent: a group's later calls, on the same model, return at
+    once, so the use that holds the accumulated gradient never frees or reduce-scatters it."""
+    done = self.comm_ctx.__dict__.setdefault("_break_it_post_backward_ran", set())
+    if id(self) in done:
+        return None
+    done.add(id(self))
+    return original(self, *unused)

@@ -23,6 +23,16 @@ prefetches: the explicit targets (``backward_targets``) in the order given if th
 entry before its own in the post-forward order (implicit), none for the first. An inner unit's post-backward
 (after its gradient) frees it and reduce-scatters; the root's, and those of ``no_input_grad``, run from the final
 callback.
+
+Several forwards. Each forward runs the root's pre-forward again, unshards each group it reaches (issuing nothing
+for a group the last forward kept), and appends one post-forward entry per use, each group keeping a stack of
+its indices. Each backward covers some forwards; autograd runs the one built last first, each in reverse
+post-forward order. A pre-backward hook on a group already in pre-backward returns at once (explicit targets are
+still prefetched: the state's hook runs them every time); otherwise it unshards, waits, and pops the group's
+latest index for the implicit target. A post-backward always frees; it reduces only at the group's last use in
+this backward, when autograd has accumulated the gradient (before that no parameter has one). The final callback
+runs the post-backward of every group autograd did not reach, reducing those this backward used, and a last
+backward (``is_last_backward``) clears every index, so a later backward prefetches nothing.
 """
 
 from __future__ import annotations
@@ -59,6 +69,26 @@ def after_forward(unit: str, root: str, setting: Setting, world_size: int | None
     return FREE if world_size is None or size == world_size else RESHARD_SMALLER
 
 
+def _backward_plan(
+    forwards: int, backwards: Sequence[Sequence[int]] | None, last_backward: Sequence[bool] | None
+) -> tuple[list[list[int]], list[bool]]:
+    """Which forwards each ``.backward()`` covers, and whether it is the step's last (``is_last_backward``); every
+    forward is backpropagated once, by exactly one backward."""
+    if not isinstance(forwards, int) or isinstance(forwards, bool) or forwards < 1:
+        raise ValueError(f"forwards is a positive int, not {forwards!r}")
+    plan = [list(range(1, forwards + 1))] if backwards is None else [list(b) for b in backwards]
+    covered = sorted(f for b in plan for f in b)
+    if any(not b for b in plan) or covered != list(range(1, forwards + 1)):
+        raise ValueError(
+            f"backwards {plan} must cover forwards 1..{forwards} once each, every backward at least one: a forward "
+            "left out, or backpropagated twice (retain_graph), is not modelled"
+        )
+    last = [True] * len(plan) if last_backward is None else list(last_backward)
+    if len(last) != len(plan):
+        raise ValueError(f"last_backward names {len(last)} backwards, backwards {len(plan)}")
+    return plan, last
+
+
 def step_sequence(
     forward: Sequence[str],
     root: str,
@@ -70,24 +100,30 @@ def step_sequence(
     no_input_grad: Sequence[str] = (),
     root_params: bool = True,
     callback_state: str | None = None,
+    forwards: int = 1,
+    backwards: Sequence[Sequence[int]] | None = None,
+    last_backward: Sequence[bool] | None = None,
 ) -> list[str]:
     """The step's events, as ``unshard U``, ``prefetch U→T``, ``wait_unshard U``, ``free U``, ``pre_backward U``,
-        ``post_backward U``, ``reduce_grad U``, ``root_pre_forward R`` and ``final_callback R``, for inner units run
-        in ``forward`` order under ``root`` (see the module docstring). All groups start sharded. ``no_input_grad``:
+    ``post_backward U``, ``reduce_grad U``, ``root_pre_forward R`` and ``final_callback R``, for inner units run
+    in ``forward`` order under ``root`` (see the module docstring). All groups start sharded. ``no_input_grad``:
     inner units whose forward inputs need no gradient. ``reshard_after_forward`` is one setting for every unit or
     a mapping naming each unit's own (as ``fully_shard`` takes it per call); an int k < N reshards to k ranks
     after forward (``reshard U``; `after_forward`) and needs ``world_size``. ``root_params=False``: the root has
     no parameters of its own, so no parameter group: it still runs the root's pre-forward and queues the final
     callback, but never unshards, reshards, prefetches or reduces, and is not in the post-forward order.
-    ``callback_state``: the state whose pre-backward hook runs first and so queues the final callback
-    (``_register_root_post_backward_final_callback``, on whichever state calls it first). By default the root; a
-    root without parameters that returns its last unit's output unchanged (an ``nn.Sequential``) is preceded by
-    that unit, whose hook on the same tensor was registered first, so the default is then that unit."""
+    ``callback_state``: the state whose pre-backward hook runs first in each backward and so queues the final
+    callback (``_register_root_post_backward_final_callback``, on whichever state calls it first). By default the
+    root; a root without parameters that returns its last unit's output unchanged (an ``nn.Sequential``) is
+    preceded by that unit, whose hook on the same tensor was registered first, so the default is then that unit.
+    ``forwards``: whole forwards run before any backward; ``backwards``: the forwards (numbered from 1) each
+    ``.backward()`` call covers, in call order (default: one backward over all); ``last_backward``: each one's
+    ``is_last_backward`` (default True for all, torch's default). See "Several forwards" in the module docstring."""
     forward_targets = forward_targets or {}
     backward_targets = backward_targets or {}
     units = [root, *forward] if root_params else list(forward)
     if len(set([root, *forward])) != len(forward) + 1:
-        raise ValueError(f"each unit runs once here: {[root, *forward]}")
+        raise ValueError(f"each unit runs once per forward here: {[root, *forward]}")
     for targets in (forward_targets, backward_targets):
         for unit, wanted in targets.items():
             unknown = [u for u in (unit, *wanted) if u not in units]
@@ -96,9 +132,13 @@ def step_sequence(
                 raise ValueError(f"unknown units {unknown}{where}")
     if unknown := [u for u in no_input_grad if u not in forward]:
         raise ValueError(f"unknown inner units {unknown}")
+    if callback_state is not None and callback_state not in (root, *forward):
+        raise ValueError(f"unknown callback state {callback_state!r}")
+    plan, last = _backward_plan(forwards, backwards, last_backward)
     settings = per_unit(reshard_after_forward, units)
     actions = {u: after_forward(u, root, settings[u], world_size) for u in units}
     state = dict.fromkeys(units, "sharded")
+    training = dict.fromkeys(units, "idle")  # FSDPParamGroup._training_state, as far as the hooks read it
     seq: list[str] = []
 
     def unshard(unit: str, issuer: str | None = None) -> None:
@@ -116,12 +156,16 @@ def step_sequence(
             state[unit] = "sharded"
             seq.append(f"free {unit}")
 
-    def post_backward(unit: str) -> None:
+    def post_backward(unit: str, *, reduce: bool) -> None:
         seq.append(f"post_backward {unit}")
         free(unit)
-        seq.append(f"reduce_grad {unit}")
+        if reduce:  # else no parameter has a gradient yet: it returns before foreach_reduce
+            seq.append(f"reduce_grad {unit}")
+        training[unit] = "post_backward"
 
-    post_forward: list[str] = []
+    post_forward: list[str] = []  # FSDPCommContext.post_forward_order: one entry per use
+    indices: dict[str, list[int]] = {u: [] for u in units}  # each group's _post_forward_indices
+    uses: list[list[str]] = []  # each forward's entries, in post-forward order
 
     def post_forward_of(unit: str) -> None:
         if actions[unit] == FREE:
@@ -129,39 +173,54 @@ def step_sequence(
         elif actions[unit] == RESHARD_SMALLER and state[unit] == "unsharded":
             state[unit] = "sharded"  # sharded on the post-forward mesh: backward all-gathers it again
             seq.append(f"reshard {unit}")
+        indices[unit].append(len(post_forward))
         post_forward.append(unit)
+        uses[-1].append(unit)
 
-    seq.append(f"root_pre_forward {root}")
-    for unit in units:
-        unshard(unit)
-        wait(unit)
-        for target in forward_targets.get(unit, ()):
-            unshard(target, issuer=unit)
-        if unit != root:
-            post_forward_of(unit)
-    if root_params:
-        post_forward_of(root)
-
-    for index in reversed(range(len(post_forward))):
-        unit = post_forward[index]
-        seq.append(f"pre_backward {unit}")
-        unshard(unit)
-        wait(unit)
-        explicit = backward_targets.get(unit, ())
-        if explicit:
-            for target in explicit:
+    for _ in range(forwards):
+        uses.append([])
+        seq.append(f"root_pre_forward {root}")
+        for unit in units:
+            unshard(unit)
+            wait(unit)
+            for target in forward_targets.get(unit, ()):
                 unshard(target, issuer=unit)
-        elif index > 0:
-            unshard(post_forward[index - 1], issuer=unit)
-        if unit != root and unit not in no_input_grad:
-            post_backward(unit)
-    if callback_state is None:
-        callback_state = root if root_params or not post_forward else post_forward[-1]
-    elif callback_state not in (root, *forward):
-        raise ValueError(f"unknown callback state {callback_state!r}")
-    seq.append(f"final_callback {callback_state}")
-    for unit in ([root] if root_params else []) + [u for u in forward if u in no_input_grad]:
-        post_backward(unit)
+            if unit != root:
+                post_forward_of(unit)
+        if root_params:
+            post_forward_of(root)
+
+    from_autograd = {u for u in forward if u not in no_input_grad}  # the others' post-backward: final callback
+    for covered, is_last in zip(plan, last, strict=True):
+        # autograd runs the graph built last first: the latest forward's uses, each in reverse post-forward order
+        walk = [unit for number in sorted(covered, reverse=True) for unit in reversed(uses[number - 1])]
+        last_use = {unit: i for i, unit in enumerate(walk)}
+        for i, unit in enumerate(walk):
+            explicit = backward_targets.get(unit, ())
+            if training[unit] != "pre_backward":  # a second hook on a group already in pre-backward returns
+                training[unit] = "pre_backward"
+                seq.append(f"pre_backward {unit}")
+                unshard(unit)
+                wait(unit)
+                if not explicit and indices[unit]:  # popped empty when a last backward cleared them
+                    index = indices[unit].pop()
+                    if index > 0:
+                        unshard(post_forward[index - 1], issuer=unit)
+            for target in explicit:  # the state's explicit targets, at every hook
+                unshard(target, issuer=unit)
+            if unit in from_autograd:  # gradients accumulate only after the last use in this backward
+                post_backward(unit, reduce=last_use[unit] == i)
+        seq.append(f"final_callback {callback_state or (walk[0] if walk else root)}")
+        for unit in units:
+            if training[unit] != "post_backward":
+                post_backward(unit, reduce=unit in last_use)
+            training[unit] = "idle"
+        if is_last:  # finalize_backward: indices cleared, an all-gather nobody waited for dropped
+            post_forward.clear()
+            for unit in units:
+                indices[unit].clear()
+                if state[unit] == "in flight":
+                    state[unit] = "sharded"
     return seq
 
 

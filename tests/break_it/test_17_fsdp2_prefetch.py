@@ -23,9 +23,12 @@ from checks.guides.g17_fsdp2_prefetch import (
     implicit_prefetch_always,
     keep_order_across_steps,
     keep_unsharded_after_forward,
+    keep_unsharded_without_gradient,
     last_backward_always,
+    post_backward_once,
     post_forward_mesh_ignored,
     prefetch_two_back,
+    record_first_use_only,
     regather_when_pending,
 )
 
@@ -283,3 +286,48 @@ def test_a_guide_that_says_the_root_queues_the_callback_is_caught(broken) -> Non
     ]
     run = broken(stated=stated)
     assert run.reason == "root-differs-from-guide"
+
+
+# -- several forwards before backward -------------------------------------------------------------------------------
+@pytest.mark.breaks("17-fsdp2-prefetch", "several-forwards")
+def test_a_post_forward_order_without_multiplicity_is_caught(broken) -> None:
+    run = broken(wrapping(f"{GROUP}._record_post_forward", record_first_use_only))
+    assert (run.reason, run.details["case"]) == ("post-forward-order", "one backward")
+    assert run.details["observed"] == ["blocks.0", "blocks.1", "blocks.2", "root"]
+
+
+@pytest.mark.breaks("17-fsdp2-prefetch", "several-forwards")
+def test_a_group_kept_unsharded_until_its_gradient_is_caught(broken) -> None:
+    # The first forward's uses find their blocks unsharded: three all-gathers fewer in backward.
+    run = broken(wrapping(f"{GROUP}.post_backward", keep_unsharded_without_gradient))
+    assert (run.reason, run.details["case"]) == ("sequence-differs", "one backward")
+    expected, observed = run.details["expected"], run.details["observed"]
+    assert expected.count("unshard blocks.2") == observed.count("unshard blocks.2") + 1
+
+
+@pytest.mark.breaks("17-fsdp2-prefetch", "several-forwards")
+def test_a_post_backward_that_runs_once_loses_the_reduce_scatters(broken) -> None:
+    run = broken(wrapping(f"{GROUP}.post_backward", post_backward_once))
+    assert (run.reason, run.details["case"]) == ("sequence-differs", "one backward")
+    assert "reduce_grad blocks.2" in run.details["expected"]
+    assert "reduce_grad blocks.2" not in run.details["observed"]
+
+
+@pytest.mark.breaks("17-fsdp2-prefetch", "several-forwards")
+def test_every_backward_taken_as_the_last_is_caught(broken) -> None:
+    # The first backward clears the indices even after set_is_last_backward(False): no prefetch in the second.
+    run = broken(EVERY_BACKWARD_LAST)
+    assert (run.reason, run.details["case"]) == ("sequence-differs", "two, the first not last")
+
+
+@pytest.mark.breaks("17-fsdp2-prefetch", "several-forwards")
+def test_a_guide_that_says_one_backward_reduces_twice_per_group_is_caught(broken) -> None:
+    stated = [
+        "one backward                 7  6  5  7  8",
+        "two backwards                7  7  3  8  8",
+        "two, the first not last      7  7  6  8  8",
+        "False, one backward          4  3  2  7  4",
+        "toy, one backward            5  3  2  4  3",
+    ]
+    run = broken(stated=stated)
+    assert (run.reason, run.details["case"]) == ("model-differs-from-guide", "one backward")

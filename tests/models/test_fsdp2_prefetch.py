@@ -168,3 +168,83 @@ def test_a_root_without_parameters_has_no_group_and_its_last_unit_queues_the_cal
         step_sequence(["a", "b"], ROOT, root_params=False, backward_targets={ROOT: ["b"]})
     with pytest.raises(ValueError, match="unknown callback state 'z'"):
         step_sequence(["a"], ROOT, callback_state="z")
+
+
+# -- several forwards before backward ------------------------------------------------------------------------------
+def test_two_forwards_one_backward_worked_by_hand() -> None:
+    # Root kept (the default), one unit "a". Post-forward order a, root, a, root: root's indices 1 and 3, a's 0, 2.
+    seq = step_sequence(["a"], ROOT, reshard_after_forward=None, forwards=2)
+    assert seq == [
+        "root_pre_forward root", "unshard root", "wait_unshard root", "unshard a", "wait_unshard a", "free a",
+        "root_pre_forward root", "unshard a", "wait_unshard a", "free a",
+        # the second forward's uses first; the root pops 3 and prefetches entry 2, a
+        "pre_backward root", "prefetch root→a",
+        # a pops 2 (entry 1 is the kept root: nothing to issue); no gradient yet, so freed and not reduced
+        "pre_backward a", "wait_unshard a", "post_backward a", "free a",
+        # the root's second hook returns at once; a's second use gathers again, pops 0, and reduces
+        "pre_backward a", "unshard a", "wait_unshard a", "post_backward a", "free a", "reduce_grad a",
+        "final_callback root", "post_backward root", "free root", "reduce_grad root",
+    ]  # fmt: skip
+
+
+def test_one_backward_per_forward_each_reduces_and_the_last_one_clears_the_indices() -> None:
+    seq = step_sequence(["a"], ROOT, reshard_after_forward=None, forwards=2, backwards=[[2], [1]])
+    second = seq[seq.index("final_callback root") + 4 :]
+    assert second == [
+        # the first backward freed the root (post-backward) and cleared every index: nothing to prefetch
+        "pre_backward root", "unshard root", "wait_unshard root",
+        "pre_backward a", "unshard a", "wait_unshard a", "post_backward a", "free a", "reduce_grad a",
+        "final_callback root", "post_backward root", "free root", "reduce_grad root",
+    ]  # fmt: skip
+    kept = step_sequence(["a"], ROOT, reshard_after_forward=None, forwards=2, backwards=[[2], [1]],
+                         last_backward=[False, True])  # fmt: skip
+    assert prefetches(kept[kept.index("final_callback root") :]) == ["root→a"]
+
+
+def test_a_unit_whose_inputs_need_no_gradient_is_reduced_once_from_the_final_callback() -> None:
+    seq = step_sequence(["a", "b"], ROOT, reshard_after_forward=None, no_input_grad=["a"], forwards=2)
+    assert seq.count("pre_backward a") == 1  # its second hook finds it in pre-backward
+    assert seq.count("reduce_grad a") == 1 and seq.count("post_backward a") == 1
+    assert seq[-7:] == [
+        "final_callback root", "post_backward root", "free root", "reduce_grad root",
+        "post_backward a", "free a", "reduce_grad a",
+    ]  # fmt: skip
+
+
+def test_no_reshard_after_forward_still_gathers_in_backward_after_two_forwards() -> None:
+    seq = step_sequence(BLOCKS, ROOT, reshard_after_forward=False, forwards=2)
+    assert all_gathers(seq) == {"forward": 4, "backward": 3}
+    assert prefetches(seq, phase="backward") == ["blocks.2→blocks.1", "blocks.1→blocks.0"]
+
+
+@given(
+    n=st.integers(1, 4),
+    forwards=st.integers(1, 3),
+    setting=st.sampled_from([True, None, False]),
+    split=st.booleans(),
+)
+def test_every_unit_is_reduced_once_per_backward(n: int, forwards: int, setting: bool | None, split: bool) -> None:
+    blocks = [f"b{i}" for i in range(n)]
+    backwards = [[f] for f in range(forwards, 0, -1)] if split else None
+    seq = step_sequence(blocks, ROOT, reshard_after_forward=setting, forwards=forwards, backwards=backwards)
+    calls = forwards if split else 1
+    for unit in (ROOT, *blocks):
+        assert seq.count(f"reduce_grad {unit}") == calls
+    resharded = {True: n + 1, None: n, False: 0}[setting]
+    assert all_gathers(seq)["forward"] == n + 1 + (forwards - 1) * resharded
+    assert seq.count("root_pre_forward root") == forwards and seq.count("final_callback root") == calls
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"forwards": 0}, "positive int"),
+        ({"forwards": 2, "backwards": [[1]]}, "cover forwards 1..2 once each"),
+        ({"forwards": 2, "backwards": [[1, 2], [2]]}, "retain_graph"),
+        ({"forwards": 2, "backwards": [[1], []]}, "every backward at least one"),
+        ({"forwards": 2, "backwards": [[2], [1]], "last_backward": [True]}, "names 1 backwards, backwards 2"),
+    ],
+)
+def test_a_backward_plan_the_model_cannot_take_is_refused(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        step_sequence(BLOCKS, ROOT, **kwargs)
