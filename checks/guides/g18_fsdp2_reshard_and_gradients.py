@@ -198,20 +198,11 @@ def _cost_line(label: str, held: int, ring: dict[str, Any], peak: str) -> str:
     return "  ".join(parts).rstrip()
 
 
-def _as_sequence(setting: bool | int | None, world_size: int) -> bool | None:
-    """The setting guide 17's rule model runs for ``setting``: itself for a bool or None; for an int, what it
-    resolves to, True for a k < N (its unsharded parameters are freed when True's are)."""
-    if setting is None or isinstance(setting, bool):
-        return setting
-    effective = fsdp2_reshard.resolve(setting, world_size)[0]
-    return effective if isinstance(effective, bool) else True
-
-
 def reshard_cost(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
     """Each setting's cost on this world size: the bytes of unsharded (or post-forward-resharded) parameters a
     rank holds between forward and backward; the most bytes of unsharded parameters alive at once over the step
-    (guide 17's event sequence walked by `unsharded_peak`; an int k < N frees its unsharded parameters when True
-    does, so its sequence is True's, and what it keeps is in the held bytes); and the ring-model bytes it sends
+    (guide 17's event sequence for the setting walked by `unsharded_peak`; an int k < N drops its unsharded
+    parameters where True frees them, and what it keeps is in the held bytes); and the ring-model bytes it sends
     in forward, in backward and in all; against the model and the guide's table."""
     n, out = ctx.world_size, {}
     for line in stated:
@@ -225,7 +216,7 @@ def reshard_cost(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
         observed_ring = {"forward": seen["ring"]["forward"], "backward": seen["ring"]["backward"]}
         require_equal(observed_ring, {k: ring[k] for k in ("forward", "backward")}, reason="ring-bytes-differ",
                       what=f"{label}: ring-model bytes per rank", **where)  # fmt: skip
-        sequence = step_sequence(BLOCKS, ROOT, reshard_after_forward=_as_sequence(setting, n))
+        sequence = step_sequence(BLOCKS, ROOT, reshard_after_forward=setting, world_size=n)
         peak = fsdp2_reshard.unsharded_peak(sequence, padded(n), element_bytes=4)
         require_equal(seen["peak"], peak, reason="peak-differs", what=f"{label}: unsharded peak", **where)
         peak_text = f"peak {peak:,}"

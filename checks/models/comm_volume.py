@@ -27,6 +27,10 @@ parameter elements (a tied weight once):
 
   (N−1)/N cancels in every ratio: at any N the ratios are the same, and with padding they grow by P_u/|θ|.
 
+  A unit given no parameters (an empty shape list: a root that holds none of its own) has no flat parameter
+  (FSDP1: no handle) or parameter group (FSDP2) and issues no collective; the unit kept after forward is then
+  nobody, so FULL_SHARD and FSDP2's default free every unit that has parameters.
+
 gloo does not run a reduce-scatter as one: its profiler event for ``reduce_scatter_single`` is a
 ``gloo:all_reduce`` of the whole input (`checks.probes.crosscheck`). `gloo_step` re-counts a step that way: each
 reduce-scatter becomes an all-reduce of S, whose ring-model bytes are twice the reduce-scatter's.
@@ -110,6 +114,25 @@ def freed_after_forward(strategy: str, units: Iterable[str], root: str) -> set[s
     raise ValueError(f"{strategy!r} does not shard; one of {', '.join(STRATEGIES[1:])}")
 
 
+def with_parameters(
+    unit_shapes: Mapping[str, Sequence[tuple[int, ...]]], root: str, backward_order: Sequence[str] | None
+) -> tuple[list[str], list[str]]:
+    """The units that issue collectives (those given at least one parameter), in registration order, and the
+    backward order over them (default: the reverse). ``root`` must be one of ``unit_shapes`` (an empty list when
+    it holds no parameter of its own), and ``backward_order`` may name only units given."""
+    if root not in unit_shapes:
+        raise ValueError(
+            f"the root {root!r} is not among the units {list(unit_shapes)}: give it an empty shape list when it "
+            "holds no parameter of its own"
+        )
+    units = [u for u, shapes in unit_shapes.items() if len(shapes) > 0]
+    if backward_order is None:
+        return units, list(reversed(units))
+    if unknown := [u for u in backward_order if u not in unit_shapes]:
+        raise ValueError(f"backward_order names units not given: {unknown}")
+    return units, [u for u in backward_order if u in units]
+
+
 def sharded_step(
     padded: Mapping[str, int],
     freed: set[str],
@@ -157,17 +180,18 @@ def step(
     use_orig_params: bool = True,
 ) -> Volume:
     """One step of ``strategy`` over units given as parameter shapes (registration order, root first)."""
-    numels = {u: [_numel(s) for s in shapes] for u, shapes in unit_shapes.items()}
+    units, order = with_parameters(unit_shapes, root, backward_order)
+    numels = {u: [_numel(s) for s in unit_shapes[u]] for u in units}
     if strategy == "ddp":
         return ddp_step(sum(sum(n) for n in numels.values()), element_bytes, world_size)
     if strategy in FSDP1:
         padded = fsdp1_padded(numels, element_bytes, world_size, use_orig_params)
     elif strategy in FSDP2:
-        padded = fsdp2_padded(unit_shapes, world_size)
+        padded = fsdp2_padded({u: unit_shapes[u] for u in units}, world_size)
     else:
         raise ValueError(f"unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
     freed = freed_after_forward(strategy, padded, root)
-    return sharded_step(padded, freed, element_bytes, world_size, backward_order)
+    return sharded_step(padded, freed, element_bytes, world_size, order)
 
 
 def fsdp2_step(
@@ -184,8 +208,8 @@ def fsdp2_step(
     resharded, over the ranks it was resharded to (N for True, k for an int k, guide 18's
     `checks.models.fsdp2_reshard.post_forward_world_size`), and reduce-scatters every unit over N."""
     settings = per_unit(reshard_after_forward, unit_shapes)
-    padded = fsdp2_padded(unit_shapes, world_size)
-    order = list(backward_order) if backward_order is not None else list(reversed(list(padded)))
+    units, order = with_parameters(unit_shapes, root, backward_order)
+    padded = fsdp2_padded({u: unit_shapes[u] for u in units}, world_size)
     after = {u: post_forward_world_size(settings[u], world_size, is_root=u == root) for u in padded}
     forward = [Op("all_gather", padded[u], False, u) for u in padded]
     smaller = {u: k if k != world_size else None for u, k in after.items()}  # None: the step's world
@@ -224,12 +248,12 @@ def accumulation_steps(
             f"steps inside no_sync are modelled for {', '.join(ACCUMULATING)}, not {strategy!r} (FSDP2's "
             "set_requires_gradient_sync is not)"
         )
-    numels = {u: [_numel(s) for s in shapes] for u, shapes in unit_shapes.items()}
+    units, order = with_parameters(unit_shapes, root, backward_order)
+    numels = {u: [_numel(s) for s in unit_shapes[u]] for u in units}
     if strategy == "ddp":
         full = ddp_step(sum(sum(n) for n in numels.values()), element_bytes, world_size)
         return [full if sync else Volume((), element_bytes, world_size) for sync in syncs]
     padded = fsdp1_padded(numels, element_bytes, world_size, use_orig_params)
-    order = list(backward_order) if backward_order is not None else list(reversed(list(padded)))
     freed_forward = freed_after_forward(strategy, padded, root)
     unsharded: set[str] = set()  # units holding their unsharded parameters when a step starts
     out = []

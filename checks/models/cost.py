@@ -315,8 +315,9 @@ def _unit_numels(params: Sequence[Param]) -> dict[str, list[int]]:
 
 
 def _root_first(params: Sequence[Param], root: str) -> dict[str, list[Param]]:
+    """Parameters by unit, the root first: with no parameters when none is in it (a root without its own)."""
     grouped = units(params)
-    return {u: grouped[u] for u in sorted(grouped, key=lambda u: u != root)}
+    return {root: grouped.get(root, []), **{u: grouped[u] for u in grouped if u != root}}
 
 
 def collectives(plan: Plan) -> Volume:
@@ -331,6 +332,7 @@ def collectives(plan: Plan) -> Volume:
     if name == "torch-zero":  # DDP's all-reduce, then each owner broadcasts every parameter it updated
         ops = ddp_step(plan.psi, width, n).ops + tuple(Op("broadcast", p.numel, False, p.unit) for p in plan.params)
         return Volume(ops, width, n)
+    grouped = {u: m for u, m in grouped.items() if m}  # a unit without parameters communicates nothing
     if name == "no-shard":  # one all-reduce per unit of its whole (aligned) flat parameter
         ops = tuple(
             Op("all_reduce", layout([p.numel for p in m], width, n, sharded=False).padded_numel, True, u)

@@ -40,12 +40,16 @@ def forward_prefetches(recorded: Sequence[str], used: Sequence[str]) -> list[str
     return out
 
 
-def backward_sequence(post_forward: Sequence[str], policy: str | None) -> list[str]:
+def backward_sequence(post_forward: Sequence[str], policy: str | None, *, root_params: bool = True) -> list[str]:
     """The backward's hooks and prefetches, as ``pre_backward U``, ``post_backward U`` and ``prefetch U→T``,
-    for units listed in post-forward order with the root (which produces the output) last."""
+    for units listed in post-forward order with the root (which produces the output) last. ``root_params=False``:
+    the root holds no parameter of its own, so it has no handle, is not in ``post_forward`` (every entry is an inner
+    unit, each with its own post-backward) and has no hook event."""
     if policy not in POLICIES:
         raise ValueError(f"unknown backward prefetch policy {policy!r}; one of {POLICIES}")
-    *inner, root = post_forward
+    if len(set(post_forward)) != len(post_forward):
+        raise ValueError(f"a unit is used more than once in {list(post_forward)}: see backward_sequence_of_uses")
+    *inner, root = post_forward if root_params else [*post_forward, None]
     done: set[str] = set()
     seq: list[str] = []
 
@@ -55,7 +59,7 @@ def backward_sequence(post_forward: Sequence[str], policy: str | None) -> list[s
             done.add(post_forward[i - 1])
             seq.append(f"prefetch {issuer}→{post_forward[i - 1]}")
 
-    for unit in (root, *reversed(inner)):
+    for unit in (root, *reversed(inner)) if root is not None else reversed(inner):
         seq.append(f"pre_backward {unit}")
         done.add(unit)
         if policy == "BACKWARD_PRE":
@@ -64,21 +68,25 @@ def backward_sequence(post_forward: Sequence[str], policy: str | None) -> list[s
             seq.append(f"post_backward {unit}")
             if policy == "BACKWARD_POST":
                 prefetch(unit)
-    seq.append(f"post_backward {root}")
-    if policy == "BACKWARD_POST":
-        prefetch(root)
+    if root is not None:
+        seq.append(f"post_backward {root}")
+        if policy == "BACKWARD_POST":
+            prefetch(root)
     return seq
 
 
-def forward_sequence(root: str, inner: Sequence[str], strategy: str) -> list[str]:
+def forward_sequence(root: str, inner: Sequence[str], strategy: str, *, root_params: bool = True) -> list[str]:
     """One forward's unshards and reshards: the root's pre-forward unshards the root; each inner unit is unsharded
     before and resharded after its forward; FULL_SHARD frees the inner units but keeps the root (it is needed first
-    in backward); SHARD_GRAD_OP frees nothing."""
+    in backward); SHARD_GRAD_OP frees nothing. ``root_params=False``: a root without parameters of its own (no
+    handle) runs its pre-forward and nothing else, and nothing is kept after forward: FULL_SHARD frees every unit."""
+    if strategy not in ("FULL_SHARD", "SHARD_GRAD_OP"):
+        raise ValueError(f"the forward is modelled for FULL_SHARD and SHARD_GRAD_OP, not {strategy!r}")
     keep_inner = strategy != "FULL_SHARD"
-    seq = [f"root_pre_forward {root}", f"unshard {root}"]
+    seq = [f"root_pre_forward {root}", f"unshard {root}"] if root_params else [f"root_pre_forward {root}"]
     for unit in inner:
         seq += [f"unshard {unit}", f"{'reshard' if keep_inner else 'free'} {unit}"]
-    return [*seq, f"reshard {root}"]
+    return [*seq, f"reshard {root}"] if root_params else seq
 
 
 def post_forward_record(uses: Sequence[str], *, zero_is_falsy: bool = True) -> tuple[list[str], dict[str, int]]:
@@ -97,16 +105,19 @@ def post_forward_record(uses: Sequence[str], *, zero_is_falsy: bool = True) -> t
     return record, index
 
 
-def backward_sequence_of_uses(uses: Sequence[str], policy: str | None, *, zero_is_falsy: bool = True) -> list[str]:
+def backward_sequence_of_uses(
+    uses: Sequence[str], policy: str | None, *, zero_is_falsy: bool = True, root_params: bool = True
+) -> list[str]:
     """`backward_sequence` for a forward whose post-forwards ran for ``uses`` (a unit may appear more than once; the
     root, which produces the output, once and last). Autograd reaches the uses in reverse: a unit's pre-backward
     hook runs at its last use only (later calls return at once), its post-backward after the gradient of its first
     use. A prefetch targets ``record[index[issuer] - 1]`` of `post_forward_record`, unless that unit's pre-backward
-    already ran or it was already prefetched."""
+    already ran or it was already prefetched. ``root_params=False``: as in `backward_sequence`, ``uses`` are all
+    inner units' and the root has no hook event."""
     if policy not in POLICIES:
         raise ValueError(f"unknown backward prefetch policy {policy!r}; one of {POLICIES}")
-    *inner, root = uses
-    if root in inner:
+    *inner, root = uses if root_params else [*uses, None]
+    if root is not None and root in inner:
         raise ValueError(f"the root {root!r} must be used once, last")
     record, index = post_forward_record(uses, zero_is_falsy=zero_is_falsy)
     first_use = {unit: inner.index(unit) for unit in inner}
@@ -131,12 +142,14 @@ def backward_sequence_of_uses(uses: Sequence[str], policy: str | None, *, zero_i
         if policy == "BACKWARD_POST":
             prefetch(unit)
 
-    pre(root)
+    if root is not None:
+        pre(root)
     for position in reversed(range(len(inner))):
         unit = inner[position]
         if unit not in ran:
             pre(unit)
         if position == first_use[unit]:
             post(unit)
-    post(root)
+    if root is not None:
+        post(root)
     return seq

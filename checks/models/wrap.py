@@ -484,10 +484,17 @@ def cost(wrap_: Wrap, world_size: int, element_bytes: int = 4, post_forward: Seq
     """What the units of ``wrap_`` cost. ``element_bytes``: the dtype the units compute in (alignment and
     unsharded bytes); ``post_forward``: the inner units in the order their forwards end, by default the order they
     were built (children before parents, siblings in registration order), as in a model that runs its children in
-    registration order."""
-    padded = {u.name: padded_numel(u.numels, element_bytes, world_size) for u in wrap_.units}
-    inner = list(post_forward) if post_forward is not None else [u.name for u in wrap_.units[:-1]]
-    order = [*inner, ROOT]
+    registration order. A unit left without parameters (a root whose every parameter a wrapped child holds) has
+    no flat parameter and no handle: it communicates nothing and is not in the post-forward order."""
+    with_params = [u for u in wrap_.units if u.params]
+    if not with_params:
+        raise ValueError("no unit holds a parameter: there is nothing to shard")
+    padded = {u.name: padded_numel(u.numels, element_bytes, world_size) for u in with_params}
+    root_params = ROOT in padded
+    inner = list(post_forward) if post_forward is not None else [u.name for u in with_params if u.name != ROOT]
+    if unknown := [u for u in inner if u not in padded]:
+        raise ValueError(f"post_forward names units that hold no parameters or do not exist: {unknown}")
+    order = [*inner, ROOT] if root_params else inner
     step = sharded_step(padded, freed_after_forward("full-shard", padded, ROOT), element_bytes, world_size,
                         backward_order=list(reversed(order)))  # fmt: skip
     counts: dict[str, int] = {}
@@ -496,21 +503,22 @@ def cost(wrap_: Wrap, world_size: int, element_bytes: int = 4, post_forward: Seq
     return Cost(
         padded=padded,
         largest_all_gather=max(padded.values()),
-        unsharded_peak=unsharded_peak(step_events(order), padded, element_bytes),
+        unsharded_peak=unsharded_peak(step_events(order, root_params=root_params), padded, element_bytes),
         collectives=counts,
-        padding=sum(padded[u.name] - u.numel for u in wrap_.units),
+        padding=sum(padded[u.name] - u.numel for u in with_params),
     )
 
 
-def step_events(post_forward: Sequence[str]) -> list[str]:
+def step_events(post_forward: Sequence[str], *, root_params: bool = True) -> list[str]:
     """When each unit's unsharded flat parameter exists over a FULL_SHARD step, as ``wait_unshard U`` / ``free U``:
     forward keeps the root's from its pre-forward to the end of backward and each inner unit's over its own
-    forward; backward follows the prefetch model (BACKWARD_PRE), each unit freed by its post-backward."""
-    *inner, root = post_forward
-    events = [f"wait_unshard {root}"]
+    forward; backward follows the prefetch model (BACKWARD_PRE), each unit freed by its post-backward.
+    ``root_params=False``: ``post_forward`` holds inner units only, and there is no root flat parameter."""
+    *inner, root = post_forward if root_params else [*post_forward, None]
+    events = [f"wait_unshard {root}"] if root is not None else []
     for unit in inner:
         events += [f"wait_unshard {unit}", f"free {unit}"]
-    for line in backward_sequence(post_forward, "BACKWARD_PRE"):
+    for line in backward_sequence(post_forward, "BACKWARD_PRE", root_params=root_params):
         kind, _, rest = line.partition(" ")
         if kind == "pre_backward":
             events.append(f"wait_unshard {rest}")

@@ -207,3 +207,29 @@ def test_fsdp2_step_sends_what_guide_18s_reshard_model_says() -> None:
     for setting in (True, None, False, 2, 1, 4):
         want = fsdp2_reshard.ring_step_bytes(padded, ROOT, setting, 4, element_bytes=4)["step"]
         assert cv.fsdp2_step(TOY, 4, setting, root=ROOT).ring == want, setting
+
+
+# -- units without parameters ------------------------------------------------------------------------------------------
+TOY_LAYERS = {"0": [(7, 3), (7,)], "1": [(5, 7), (5,)], "2": [(5, 5), (5,)]}  # 28, 40 and 30 elements
+
+
+def test_a_root_without_parameters_issues_nothing_and_full_shard_keeps_nothing() -> None:
+    # Worked by hand at N=2 (28, 40 and 30 are even, so no padding): three all-gathers in forward, three again in
+    # backward (no unit is the kept root), three reduce-scatters; nothing of size 0.
+    volume = cv.step("full-shard", {"root": [], **TOY_LAYERS}, 2, root="root", use_orig_params=False)
+    assert [(op.op, op.numel, op.backward) for op in volume.ops] == [
+        ("all_gather", 28, False), ("all_gather", 40, False), ("all_gather", 30, False),
+        ("all_gather", 30, True), ("all_gather", 40, True), ("all_gather", 28, True),
+        ("reduce_scatter", 30, True), ("reduce_scatter", 40, True), ("reduce_scatter", 28, True),
+    ]  # fmt: skip
+    with_root = cv.step("full-shard", {"root": [(4,)], **TOY_LAYERS}, 2, root="root", use_orig_params=False)
+    assert sum(op.backward and op.op == "all_gather" for op in with_root.ops) == 3  # the root kept, "2" freed
+
+
+def test_the_root_must_be_named_and_the_backward_order_known() -> None:
+    with pytest.raises(ValueError, match="give it an empty shape list"):
+        cv.step("full-shard", TOY_LAYERS, 2, root="root")
+    with pytest.raises(ValueError, match=r"backward_order names units not given: \['3'\]"):
+        cv.step("full-shard", {"root": [], **TOY_LAYERS}, 2, root="root", backward_order=["3", "2", "1", "0"])
+    kept = cv.fsdp2_step({"root": [], **TOY_LAYERS}, 2, {"root": None, "0": True, "1": False, "2": True}, root="root")
+    assert [op.unit for op in kept.ops if op.backward and op.op == "all_gather"] == ["2", "0"]

@@ -180,3 +180,37 @@ def test_any_forward_runs_each_hook_once_and_prefetches_ahead_of_need(
         assert seq[at - 1] == f"{hook} {issuer}"  # issued by the issuer's own hook, right after it starts
     if policy is None:
         assert not pairs
+
+
+# -- a root without parameters (no handle) ---------------------------------------------------------------------------
+def test_a_root_without_parameters_has_no_hook_and_the_last_unit_is_gathered_by_its_own_pre_backward() -> None:
+    # Worked by hand: no root entry in the post-forward order, so the last unit's pre-backward comes first.
+    assert backward_sequence(["0", "1", "2"], "BACKWARD_PRE", root_params=False) == [
+        "pre_backward 2", "prefetch 2→1", "post_backward 2",
+        "pre_backward 1", "prefetch 1→0", "post_backward 1",
+        "pre_backward 0", "post_backward 0",
+    ]  # fmt: skip
+    assert backward_sequence(["0", "1", "2"], "BACKWARD_POST", root_params=False) == [
+        "pre_backward 2", "post_backward 2", "prefetch 2→1",
+        "pre_backward 1", "post_backward 1", "prefetch 1→0",
+        "pre_backward 0", "post_backward 0",
+    ]  # fmt: skip
+    assert forward_sequence("root", ["0", "1"], "FULL_SHARD", root_params=False) == [
+        "root_pre_forward root", "unshard 0", "free 0", "unshard 1", "free 1",
+    ]  # fmt: skip
+
+
+def test_uses_without_a_root_entry_follow_the_same_record() -> None:
+    uses = ["0", "1", "0"]
+    seq = backward_sequence_of_uses(uses, "BACKWARD_PRE", root_params=False)
+    assert seq[0] == "pre_backward 0" and "pre_backward root" not in seq and "post_backward root" not in seq
+    assert backward_sequence_of_uses(["0", "1"], None, root_params=False) == backward_sequence(
+        ["0", "1"], None, root_params=False
+    )
+
+
+def test_inputs_the_simple_models_cannot_take_are_refused() -> None:
+    with pytest.raises(ValueError, match="see backward_sequence_of_uses"):
+        backward_sequence(["0", "1", "0", "root"], "BACKWARD_PRE")
+    with pytest.raises(ValueError, match="not 'HYBRID_SHARD'"):
+        forward_sequence("root", ["0"], "HYBRID_SHARD")

@@ -412,3 +412,18 @@ def test_fsdp2_groups_are_torchs(spec: Any, ties: int, data: st.DataObject) -> N
         assert list(group.already_sharded) == [named[id(p)] for p in params if id(p) in owner]
         owner |= {id(p) for p in params}
         sharded.add(id(by_path[call]))
+
+
+def test_a_root_left_without_parameters_costs_nothing_and_keeps_nothing() -> None:
+    # Two Linear(3, 4) children wrapped, nothing left in the root (worked by hand at N=2, 16 elements each, no
+    # padding): forward gathers both, backward gathers both again (no kept root), two reduce-scatters; the peak is
+    # both unsharded at once in backward (1's own, 0 prefetched by it), 32 elements of 4 bytes.
+    linear = [M(name, "Linear", (P("weight", 12), P("bias", 4))) for name in ("0", "1")]
+    wrapped = wm.wrap(M("", "Sequential", (), tuple(linear)), wm.ModuleWrap(("Linear",)))
+    assert [(u.name, u.numel) for u in wrapped.units] == [("0", 16), ("1", 16), (ROOT, 0)]
+    cost = wm.cost(wrapped, 2)
+    assert cost.padded == {"0": 16, "1": 16}
+    assert cost.collectives == {"all_gather": 4, "reduce_scatter": 2}
+    assert cost.unsharded_peak == 128 and cost.padding == 0
+    with pytest.raises(ValueError, match="hold no parameters or do not exist"):
+        wm.cost(wrapped, 2, post_forward=["0", "1", ROOT])

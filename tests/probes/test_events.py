@@ -3,12 +3,15 @@ order derived from the toy's wrap structure (`probe_spec`), plus its coexistence
 
 from __future__ import annotations
 
+from collections import Counter
 from itertools import pairwise
 
 import pytest
 
+from checks.models import comm_volume, prefetch
 from checks.probes import EventLog, assert_sequence
 from checks.ranks.protocol import Patch
+from checks.workloads.toy import TOY_LAYERS
 from tests.probes.probe_spec import POST_FORWARD, ROOT, UNITS, fsdp1_backward, fsdp1_forward
 
 BACKWARD = ("pre_backward", "prefetch", "post_backward")
@@ -114,3 +117,40 @@ def test_watch_may_end_before_the_event_recorder(ranks) -> None:
     assert log.completed_iterations == 2  # the second backward was recorded after watch had left
     assert len(log.select("post_backward", iteration=2)) == len(log.select("post_backward", iteration=1)) == 3
     assert value["tracer_left"]
+
+
+# -- a root without parameters: each of the toy's three layers its own unit -----------------------------------------
+ALL_LAYERS = ("0", "1", "2")
+
+
+def _layer_shapes() -> dict[str, list[tuple[int, ...]]]:
+    """Each layer unit's parameter shapes, from the toy's layer sizes (weight out×in, bias out); the root none."""
+    return {ROOT: [], **{u: [(o, i), (o,)] for u, (i, o) in zip(ALL_LAYERS, TOY_LAYERS, strict=True)}}
+
+
+def _ops(volume: comm_volume.Volume) -> Counter[tuple[str, int, bool]]:
+    return Counter((op.op, op.numel, op.backward) for op in volume.ops)
+
+
+@pytest.mark.parametrize("policy", ["BACKWARD_PRE", "BACKWARD_POST", None])
+def test_fsdp1_root_without_parameters_is_the_models(ranks, policy: str | None) -> None:
+    """The FSDP1 models with ``root_params=False``: no root handle, so no root hook event and no root collective;
+    FULL_SHARD keeps nothing after forward, so backward all-gathers every unit, the one that produces the output
+    too (by its own pre-backward)."""
+    steps = ranks("step_probes", kind="fsdp1", units=ALL_LAYERS, backward_prefetch=policy)
+    log = same_on_all_ranks([s.events for s in steps])
+    expected = prefetch.backward_sequence(ALL_LAYERS, policy, root_params=False)
+    assert_sequence(log.sequence(BACKWARD, iteration=1), expected, what=f"FSDP1 {policy}, root without parameters")
+    forward = prefetch.forward_sequence(ROOT, ALL_LAYERS, "FULL_SHARD", root_params=False)
+    assert_sequence(forward_part(log).sequence(FORWARD), forward, what="FSDP1 forward, root without parameters")
+    volume = comm_volume.step("full-shard", _layer_shapes(), 2, root=ROOT, use_orig_params=False)
+    recorded = Counter((c.op, c.numel, c.in_backward) for c in steps[0].comm)
+    assert recorded == _ops(volume)
+    assert sum(op.op == "all_gather" and op.backward for op in volume.ops) == len(ALL_LAYERS)
+
+
+@pytest.mark.parametrize(("reshard", "strategy"), [(True, "fsdp2"), (False, "fsdp2-no-reshard")])
+def test_fsdp2_root_without_parameters_communicates_as_modelled(ranks, reshard: bool, strategy: str) -> None:
+    steps = ranks("step_probes", kind="fsdp2", units=ALL_LAYERS, reshard_after_forward=reshard)
+    recorded = Counter((c.op, c.numel, c.in_backward) for c in steps[0].comm)
+    assert recorded == _ops(comm_volume.step(strategy, _layer_shapes(), 2, root=ROOT))
