@@ -23,6 +23,7 @@ from torch import nn
 
 from checks.breakit.exercises import Exercise
 from checks.breakit.patches import replacing, skipping, wrapping
+from checks.inspect.tree import module_paths, tree_of
 from checks.models import wrap as wm
 from checks.models.flat_param import padded_numel
 from checks.naming import ROOT, clean, unit_name
@@ -105,37 +106,6 @@ def step_loss(model: nn.Module, ctx: RankContext, workload: str, step: int = 0) 
         return model(torch.randint(0, 16, (2, 5), generator=generator).to(ctx.device)).float().sum()
     source, target = (torch.randn(2, 5, 16, generator=generator).to(ctx.device) for _ in range(2))
     return model(source, target).float().sum()
-
-
-# -- the plain tree the model reads -----------------------------------------------------------------------------------
-def tree_of(model: nn.Module) -> wm.Module:
-    """``model`` as the wrap model's input: each module's attribute name, class and base-class names, own
-    parameters (a tied one names the first registration of its tensor) and children, in registration order."""
-    first: dict[int, str] = {}
-    seen: set[int] = set()
-
-    def node(name: str, module: nn.Module, prefix: str) -> wm.Module:
-        if id(module) in seen:
-            raise ValueError(f"{prefix} is a module registered twice: the wrap model does not take shared modules")
-        seen.add(id(module))
-        params = []
-        for param_name, param in module._parameters.items():
-            if param is None:
-                continue
-            fqn = wm.join(prefix, param_name)
-            primary = first.setdefault(id(param), fqn)
-            params.append(wm.Param(param_name, param.numel(), None if primary == fqn else primary))
-        children = tuple(node(child_name, child, wm.join(prefix, child_name))
-                         for child_name, child in module._modules.items() if child is not None)  # fmt: skip
-        bases = tuple(base.__name__ for base in type(module).__mro__[1:] if base is not object)
-        return wm.Module(name, type(module).__name__, tuple(params), children, bases)
-
-    return node("", model, "")
-
-
-def module_paths(model: nn.Module) -> dict[int, str]:
-    """id(module) -> its path, taken before wrapping (wrapping inserts ``_fsdp_wrapped_module``)."""
-    return {id(module): path for path, module in model.named_modules()}
 
 
 # -- policies: one description, two readings -------------------------------------------------------------------------

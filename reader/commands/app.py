@@ -16,7 +16,7 @@ from typing import Any
 
 from rich.console import Console
 
-from reader.commands import estimate, guides, path, search
+from reader.commands import estimate, guides, inspect, path, search
 from reader.gate import upgrade_gate
 from reader.study import check, exercise, layout, memory, predict, timeline
 
@@ -64,6 +64,12 @@ COMMANDS: list[Command] = [
         "memory, communication and cost per strategy, and the budget guard",
         estimate.configure,
         estimate.run,
+    ),
+    Command(
+        "inspect",
+        "your own model: units, layout, memory, bytes, prefetch and gradients, measured beside the models' prediction",
+        inspect.configure,
+        inspect.run,
     ),
     Command(
         "upgrade-gate",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import importlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Any
 from rich.console import Console, RenderableType
 from rich.text import Text
 
+from checks.inspect import loading
 from checks.models import cost
 from checks.models.cost import PRECISIONS, STRATEGIES, Estimate, Link, Plan, PlanError
 from checks.models.seed_figures import figure_1, figures, zero_table
@@ -127,49 +127,15 @@ def unit_of(name: str, patterns: Sequence[str]) -> str:
 
 
 def load_module(spec: str, patterns: Sequence[str] | None) -> Model:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise InputError(f"--model takes MODULE:CALLABLE (or mini_gpt:PRESET), not {spec!r}")
-    import torch
-    from torch import nn
-
-    config = None
-    if module_name == "mini_gpt":
-        from mini_gpt import GPT, PRESETS, SHAPES
-
-        configs = {**PRESETS, **SHAPES}
-        if attr not in configs:
-            raise InputError(f"mini_gpt has no preset {attr!r}; choose one of: {', '.join(configs)}")
-        config = configs[attr]
-        build: Any = lambda: GPT(config)  # noqa: E731
-        patterns = ["blocks.*"] if patterns is None else patterns
-    else:
-        try:
-            build = getattr(importlib.import_module(module_name), attr)
-        except ImportError as exc:
-            raise InputError(f"cannot import {module_name!r} ({exc}); is it on PYTHONPATH?") from None
-        except AttributeError:
-            raise InputError(f"{module_name} has no {attr!r}; name a callable that returns an nn.Module") from None
-        if not callable(build):
-            raise InputError(f"{spec} is not callable; name a function or class that returns an nn.Module")
     try:
-        with torch.device("meta"):
-            model = build()
-    except Exception as exc:
-        raise InputError(
-            f"{spec} cannot be built on the meta device: {type(exc).__name__}: {exc}; build it without "
-            "reading tensor values (no .item(), no data-dependent init) and without device="
-        ) from None
-    if not isinstance(model, nn.Module):
-        raise InputError(f"{spec} returned {type(model).__name__}, not an nn.Module")
-    named = list(model.named_parameters())  # a tied weight once, in its first owner
-    off_meta = [n for n, p in named if p.device.type != "meta"]
-    if off_meta:
-        raise InputError(
-            f"{spec} built {off_meta[0]} on {named[0][1].device}, not the meta device: create its "
-            "parameters from the default device (no device=, no .to())"
-        )
+        build, config = loading.factory(spec)
+        model = loading.build_on_meta(spec, build)
+    except loading.LoadError as exc:
+        raise InputError(str(exc)) from None
+    if config is not None and patterns is None:
+        patterns = ["blocks.*"]  # a mini_gpt preset: one unit per block, as the guides wrap it
     patterns = list(patterns or [])
+    named = list(model.named_parameters())  # a tied weight once, in its first owner
     params = tuple(Param(unit_of(clean(n), patterns), clean(n), tuple(p.shape)) for n, p in named)
     return Model(params, spec, config)
 

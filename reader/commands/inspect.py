@@ -1,0 +1,247 @@
+"""``fsdp-readings inspect MODULE:CALLABLE``: a user's model under the suite's models and probes. The model is
+built on the meta device for what needs no run (`checks.inspect.predict`: units, flat-parameter layout, bytes per
+rank, collectives, prefetch hooks); then, unless ``--meta``, one FSDP1 run on the rank pool measures the same
+things (`checks.inspect.measure`), and every measured value is printed beside its prediction
+(`checks.inspect.compare`). A difference is a finding and is shown as one, and the exit code is 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from checks.inspect import compare, loading, policy
+from checks.inspect.predict import MEASURED, predict
+from checks.models import cost
+from checks.models.cost import STRATEGIES, Plan, PlanError
+from checks.models.zero_memory import OPTIMIZERS
+from checks.naming import ROOT, clean
+from reader.commands import estimate as estimate_command
+from reader.study.session import BROKEN, CLEAN, FAILED
+from reader.views.fit import Column, fit_table
+
+EXAMPLES = """examples:
+  fsdp-readings inspect checks.inspect.examples:transformer --input checks.inspect.examples:transformer_batch \\
+      --wrap TransformerEncoderLayer,TransformerDecoderLayer
+  fsdp-readings inspect checks.inspect.examples:gpt2 --input checks.inspect.examples:gpt2_batch --wrap GPT2Block -n 4
+  fsdp-readings inspect checks.inspect.examples:gpt2_1b --meta --wrap GPT2Block -n 64    # no run: any GPU count
+
+--input names a callable returning one batch (a tensor, a tuple of arguments or a dict of keyword arguments); each
+rank calls it under its own seed. The run is FSDP1 on gloo, fp32, use_orig_params=True, --strategy full-shard or
+shard-grad-op; --meta predicts for every strategy estimate knows.
+exit: 0 every measured value is its prediction, 1 a difference (shown), 2 bad input"""
+
+MAX_RUN_PARAMS = 50_000_000  # a run holds a few copies per rank, on this machine's CPU memory
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EXAMPLES
+    parser.add_argument("model", metavar="MODULE:CALLABLE", help="a callable returning the nn.Module")
+    parser.add_argument("--input", metavar="MODULE:CALLABLE", help="a callable returning one batch (runs need it)")
+    parser.add_argument("--wrap", default="none", help="none, size[:N], a count (1M), [module:]CLASS[,CLASS], "
+                        "transformer:CLASS[,CLASS] (default: none, one unit)")  # fmt: skip
+    parser.add_argument("--strategy", default=None, help=f"one of {', '.join(STRATEGIES)} (a run: "
+                        f"{', '.join(MEASURED)}, default full-shard; --meta: all by default)")  # fmt: skip
+    parser.add_argument("-n", "--world-size", type=int, default=2, help="ranks (a run: 2 or 4)")
+    parser.add_argument("--precision", default="fp32", help="fp32 (a run), or mixed with --meta")
+    parser.add_argument("--optimizer", default="adamw", choices=sorted(OPTIMIZERS))
+    parser.add_argument("--meta", action="store_true", help="no run: what the models predict, then estimate's tables")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds the run may take (default 300)")
+    parser.add_argument("--json", action="store_true", help="the report as JSON")
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    try:
+        meta, shapes, buffers = _structure(args.model)
+        spec = _policy(args.wrap, meta)
+        tree = _tree(meta)
+        from checks.guides.g20_auto_wrap import model_policy
+
+        strategy = cost.strategy_name(args.strategy or "full-shard")
+        if args.meta:
+            return _meta_report(args, console, tree, shapes, model_policy=model_policy(spec), strategy=strategy)
+        _runnable(args, strategy, shapes)
+        prediction = predict(tree, shapes, model_policy(spec), strategy=strategy, world_size=args.world_size,
+                             optimizer=args.optimizer)  # fmt: skip
+    except (loading.LoadError, PlanError, ValueError) as exc:
+        return _error(console, str(exc))
+    measured = _measure(args, spec, strategy, console)
+    if isinstance(measured, int):
+        return measured
+    root_params = any(u["name"] == ROOT and u["params"] for u in prediction["units"])
+    rows = [
+        *compare.units(prediction["units"], measured[0]["units"]),
+        *compare.layout(prediction["layout"], measured[0]["layout"]),
+        *compare.memory(prediction["memory"], [m["memory"] for m in measured], buffers),
+        *compare.collectives(prediction["collectives"], measured[0]["collectives"]),
+        *compare.prefetch(
+            prediction, measured[0]["prefetch"], lambda order, mode: compare.hooks_for(order, mode, root_params)
+        ),
+        *compare.gradients(measured[0]["gradients"], args.world_size),
+    ]
+    agree = all(row.agrees for row in rows)
+    if args.json:
+        doc = {"model": args.model, "policy": policy.describe(spec), "strategy": strategy,
+               "world_size": args.world_size, "agree": agree, "rows": [r.as_json() for r in rows]}  # fmt: skip
+        console.print_json(json.dumps(doc))
+    else:
+        _print_rows(console, args, spec, strategy, rows)
+    return CLEAN if agree else FAILED
+
+
+def _error(console: Console, message: str) -> int:
+    console.print(Text.assemble(("error: ", "bold red"), message), soft_wrap=False)
+    return BROKEN
+
+
+def _structure(spec: str) -> tuple[Any, dict[str, tuple[int, ...]], int]:
+    """The model on meta (or, when it cannot be built there, on the CPU), each parameter's shape (a tied one
+    once) and its buffers' bytes."""
+    build, _ = loading.factory(spec)
+    try:
+        model = loading.build_on_meta(spec, build)
+    except loading.LoadError as on_meta:
+        try:
+            model = loading.build_for_real(spec, build)
+        except loading.LoadError:
+            raise on_meta from None
+    shapes = {clean(n): tuple(p.shape) for n, p in model.named_parameters()}
+    if not shapes:
+        raise loading.LoadError(f"{spec} has no parameters: there is nothing to shard")
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    return model, shapes, buffers
+
+
+def _policy(text: str, model: Any) -> dict[str, Any] | None:
+    from checks.inspect.tree import classes_of
+
+    spec = policy.parse_wrap(text)
+    available = classes_of(model)
+    if unknown := policy.unknown_classes(spec, available):
+        raise ValueError(f"--wrap names {', '.join(unknown)}, which no module of the model is; its classes: "
+                         f"{', '.join(sorted(available))}")  # fmt: skip
+    return spec
+
+
+def _tree(model: Any) -> Any:
+    from checks.inspect.tree import tree_of
+
+    return tree_of(model)
+
+
+def _runnable(args: argparse.Namespace, strategy: str, shapes: dict[str, tuple[int, ...]]) -> None:
+    if args.input is None:
+        raise ValueError("a run needs --input MODULE:CALLABLE (one batch for the model); --meta needs none")
+    if strategy not in MEASURED:
+        raise ValueError(f"a run measures {', '.join(MEASURED)}, not {strategy}; --meta predicts {strategy}")
+    if args.world_size not in (2, 4):
+        raise ValueError(f"a run takes -n 2 or 4 ranks on this machine, not {args.world_size}; --meta takes any")
+    if args.precision != "fp32":
+        raise ValueError(f"a run measures fp32, not {args.precision}; --meta predicts {args.precision}")
+    total = _numel(shapes)
+    if total > MAX_RUN_PARAMS:
+        raise ValueError(f"{args.model} has {total:,} parameters, more than a CPU run here takes "
+                         f"({MAX_RUN_PARAMS:,}); use --meta")  # fmt: skip
+
+
+def _numel(shapes: dict[str, tuple[int, ...]]) -> int:
+    total = 0
+    for shape in shapes.values():
+        n = 1
+        for d in shape:
+            n *= d
+        total += n
+    return total
+
+
+def _measure(args: argparse.Namespace, spec: dict[str, Any] | None, strategy: str, console: Console) -> Any:
+    """Every rank's measurements, or an exit code after printing why there are none."""
+    from checks.ranks.manager import PoolManager
+    from checks.ranks.protocol import CheckRequest
+
+    request = CheckRequest("checks.inspect.measure:measure", world_size=args.world_size, timeout=args.timeout,
+                           kwargs={"model": args.model, "batch": args.input, "wrap": spec,
+                                   "strategy": MEASURED[strategy], "optimizer": args.optimizer})  # fmt: skip
+    manager = PoolManager(timeout=args.timeout)
+    try:
+        outcome = manager.run(request)
+    finally:
+        manager.close()
+    if outcome.skipped:
+        return _error(console, f"the rank pool cannot run here: {outcome.skipped}")
+    if outcome.failure:
+        own = [r for r in outcome.results if r.error_type in INPUT_ERRORS and r.message]
+        return _error(console, own[0].message if own else outcome.failure)  # type: ignore[arg-type]
+    return outcome.values()
+
+
+INPUT_ERRORS = ("checks.inspect.measure.BatchRejected", "checks.inspect.loading.LoadError")
+
+
+def _meta_report(
+    args: argparse.Namespace, console: Console, tree: Any, shapes: dict[str, tuple[int, ...]], *,
+    model_policy: Any, strategy: str,
+) -> int:  # fmt: skip
+    """What needs no run: the units and their layouts (FSDP1 at this world size), then estimate's memory and
+    communication for the strategy, from the parameters as the units group them."""
+    from checks.inspect.predict import ELEMENT_BYTES, parameters, units_of
+    from checks.models import wrap as wm
+    from checks.models.flat_param import layout
+
+    wrap = wm.wrap(tree, model_policy)
+    params = tuple(parameters(wrap, shapes))
+    plans = [Plan(params, args.world_size, s, precision=args.precision, optimizer=args.optimizer)
+             for s in ([strategy] if args.strategy else STRATEGIES)]  # fmt: skip
+    estimates = [cost.estimate(p) for p in plans]
+    units = units_of(wrap)
+    layouts = {u.name: layout(u.numels, ELEMENT_BYTES, args.world_size) for u in wrap.units if u.params}
+    if args.json:
+        sizes = {n: {"padded": lay.padded_numel, "padding": lay.padded_numel - sum(lay.numels)}
+                 for n, lay in layouts.items()}  # fmt: skip
+        model = estimate_command.Model(params, args.model)
+        doc = {"model": args.model, "policy": policy.describe(policy.parse_wrap(args.wrap)), "units": units,
+               "layout": sizes, **estimate_command.estimates_json(model, estimates, None)}  # fmt: skip
+        console.print_json(json.dumps(doc, default=str))
+        return CLEAN
+    rows = [[u["name"], u["type"], str(len(u["params"])), f"{layouts[u['name']].padded_numel:,}" if u["name"] in
+             layouts else "0", f"{layouts[u['name']].padded_numel - sum(n for _, n in u['params']):,}" if u["name"] in
+             layouts else "0"] for u in units]  # fmt: skip
+    columns = [Column("unit"), Column("class"), *(Column(c, "right") for c in ("tensors", "padded", "padding"))]
+    title = f"units of {policy.describe(policy.parse_wrap(args.wrap))}, FSDP1 at {args.world_size} ranks (elements)"
+    console.print(fit_table(console, title, columns, rows))
+    estimate_command.print_estimates(console, estimate_command.Model(params, args.model), estimates, None)
+    return CLEAN
+
+
+def _text(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+
+
+def _print_rows(console: Console, args: argparse.Namespace, spec: dict[str, Any] | None, strategy: str,
+                rows: list[compare.Row]) -> None:  # fmt: skip
+    console.print(Text.assemble(("inspect ", "bold"), f"{args.model}: {policy.describe(spec)}, {strategy}, "
+                                f"{args.world_size} ranks, fp32, {args.optimizer}"), soft_wrap=False)  # fmt: skip
+    sections: dict[str, list[compare.Row]] = {}
+    for row in rows:
+        sections.setdefault(row.section, []).append(row)
+    for section, members in sections.items():
+        table_rows: list[list[str | Text]] = []
+        for row in members:
+            verdict = Text("same", style="green") if row.agrees else Text("DIFFERS", style="bold red")
+            notes = [row.note] if any(r.note for r in members) else []
+            table_rows.append([row.item, _text(row.predicted), _text(row.measured), verdict, *notes])
+        long = any(len(_text(r.predicted)) > 24 for r in members)  # wrap long values, keep short rows one line
+        columns = [Column("item"), Column("predicted", prose=long), Column("measured", prose=long), Column(""),
+                   *([Column("note", prose=True)] if any(r.note for r in members) else [])]  # fmt: skip
+        console.print(fit_table(console, section, columns, table_rows))
+    differing = [r for r in rows if not r.agrees]
+    if differing:
+        console.print(Text(f"{len(differing)} measured value(s) differ from the prediction: a finding about torch "
+                           "or about the models; see the rows marked DIFFERS", style="bold red"))  # fmt: skip
+    else:
+        console.print(Text(f"all {len(rows)} measured values are their predictions", style="green"))

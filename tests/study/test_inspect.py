@@ -1,0 +1,182 @@
+"""``fsdp-readings inspect`` driven in-process on the rank pool: every measured value equal to its prediction on
+mini_gpt, torch's ``nn.Transformer`` and (with the ``models`` extra) Hugging Face's GPT-2 and ResNet-18; a model
+that runs its units out of registration order reported as a difference; ``--meta`` on a 1.1B GPT-2; every bad
+input refused with exit 2 and nothing left running."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from pathlib import Path
+
+import psutil
+import pytest
+
+from checks.inspect import compare, policy
+from reader.commands import inspect as inspect_command
+from reader.commands.app import make_console
+
+EXAMPLES = "checks.inspect.examples"
+FACTORIES = "tests.study.inspect_factories"
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def run(argv: list[str], width: int = 100) -> tuple[int, str]:
+    parser = argparse.ArgumentParser(prog="fsdp-readings inspect")
+    inspect_command.configure(parser)
+    console = make_console(record=True, width=width, force_terminal=False, color_system=None)
+    code = inspect_command.run(parser.parse_args(argv), console)
+    return code, console.export_text()
+
+
+def run_json(argv: list[str]) -> tuple[int, dict]:
+    code, out = run([*argv, "--json"], width=200)
+    return code, json.loads(out)
+
+
+def _transformers() -> None:
+    pytest.importorskip("transformers", reason="the models extra is not installed: pip install '.[models]'")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+
+
+def _agrees(doc: dict) -> None:
+    differing = [row for row in doc["rows"] if not row["agrees"]]
+    assert doc["agree"] and not differing, differing
+    assert {row["section"] for row in doc["rows"]} == {"units", "layout", "memory", "collectives", "prefetch",
+                                                       "gradients"}  # fmt: skip
+
+
+def test_mini_gpt_is_measured_as_predicted() -> None:
+    code, doc = run_json([f"{EXAMPLES}:mini_gpt_tiny", "--input", f"{EXAMPLES}:mini_gpt_batch", "--wrap", "Block"])
+    assert code == 0
+    _agrees(doc)
+    rows = {(r["section"], r["item"]): r for r in doc["rows"]}
+    # guide 13's figures for mini_gpt tiny at N=2 (AdamW): 103,176 bytes of parameters and of gradients per rank
+    assert rows[("memory", "rank 0 params")]["measured"] == 103_176
+    assert rows[("gradients", "40 parameters against DDP")]["measured"] == "bitwise"
+    pairs = "root→blocks.2 blocks.2→blocks.1 blocks.1→blocks.0"
+    assert rows[("prefetch", "BACKWARD_PRE prefetches")]["measured"] == pairs
+
+
+def test_torchs_transformer_is_measured_as_predicted() -> None:
+    wrap = "TransformerEncoderLayer,TransformerDecoderLayer"
+    code, doc = run_json([f"{EXAMPLES}:transformer", "--input", f"{EXAMPLES}:transformer_batch", "--wrap", wrap])
+    assert code == 0
+    _agrees(doc)
+    units = [r["item"] for r in doc["rows"] if r["section"] == "units"]
+    assert units == ["encoder.layers.0", "decoder.layers.0", "root"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("factory", "batch", "wrap", "ranks"),
+    [("gpt2", "gpt2_batch", "GPT2Block", "2"), ("gpt2", "gpt2_batch", "GPT2Block", "4"),
+     ("resnet18", "image_batch", "ResNetBasicLayer", "2")],
+)  # fmt: skip
+def test_hugging_face_models_are_measured_as_predicted(factory: str, batch: str, wrap: str, ranks: str) -> None:
+    _transformers()
+    argv = [f"{EXAMPLES}:{factory}", "--input", f"{EXAMPLES}:{batch}", "--wrap", wrap, "-n", ranks]
+    code, doc = run_json(argv)
+    assert code == 0
+    _agrees(doc)
+
+
+def test_a_model_that_runs_its_units_in_reverse_is_a_difference_and_the_prefetch_still_agrees() -> None:
+    code, doc = run_json([f"{FACTORIES}:Reversed", "--input", f"{FACTORIES}:batch", "--wrap", "Linear"])
+    assert code == 1
+    differing = [(r["section"], r["item"]) for r in doc["rows"] if not r["agrees"]]
+    assert differing == [("prefetch", "post-forward order")]
+    order = next(r for r in doc["rows"] if r["item"] == "post-forward order")
+    assert (order["predicted"], order["measured"]) == ("layers.0 layers.1 layers.2", "layers.2 layers.1 layers.0")
+    pre = next(r for r in doc["rows"] if r["item"] == "BACKWARD_PRE prefetches")
+    assert pre["note"].startswith("torch ran the units in another order")
+
+
+def test_meta_inspects_a_billion_parameter_gpt2_with_no_run() -> None:
+    _transformers()
+    code, out = run([f"{EXAMPLES}:gpt2_1b", "--meta", "--wrap", "GPT2Block", "-n", "64", "--strategy", "full-shard"],
+                    width=160)  # fmt: skip
+    assert code == 0
+    assert "transformer.h.19" in out and "full-shard" in out
+    code, doc = run_json([f"{EXAMPLES}:gpt2_1b", "--meta", "--wrap", "GPT2Block", "-n", "64"])
+    assert code == 0 and len(doc["units"]) == 21  # 20 blocks and the root
+    assert sum(n for u in doc["units"] for _, n in u["params"]) == 1_114_290_176
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["nowhere.to.be.found:build"], "cannot import 'nowhere.to.be.found'"),
+        ([f"{FACTORIES}:raises"], "RuntimeError: the config file is missing"),
+        ([f"{FACTORIES}:no_parameters", "--input", f"{FACTORIES}:batch"], "has no parameters"),
+        ([f"{FACTORIES}:not_a_module"], "returned int, not an nn.Module"),
+        ([f"{FACTORIES}:three_linears"], "a run needs --input"),
+        (
+            [f"{FACTORIES}:three_linears", "--input", f"{FACTORIES}:batch", "--wrap", "Conv2d"],
+            "--wrap names Conv2d, which no module of the model is",
+        ),
+        ([f"{FACTORIES}:huge", "--input", f"{FACTORIES}:batch"], "use --meta"),
+        ([f"{FACTORIES}:three_linears", "--input", f"{FACTORIES}:batch", "-n", "3"], "-n 2 or 4"),
+        (
+            [f"{FACTORIES}:three_linears", "--input", f"{FACTORIES}:batch", "--strategy", "zero2"],
+            "a run measures full-shard, shard-grad-op, not zero2",
+        ),
+    ],
+)
+def test_bad_input_exits_2_with_what_to_do(argv: list[str], message: str) -> None:
+    code, out = run(argv, width=300)
+    assert code == 2
+    assert message in " ".join(out.split()), out
+
+
+def test_a_batch_the_model_rejects_shows_the_models_own_error_and_leaves_nothing_running() -> None:
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    code, out = run([f"{FACTORIES}:three_linears", "--input", f"{FACTORIES}:wrong_width_batch"], width=300)
+    assert code == 2
+    assert "rejected the batch" in out and "mat1 and mat2 shapes cannot be multiplied" in out, out
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()]
+    assert not [p for p in left if p.status() != psutil.STATUS_ZOMBIE], left
+
+
+def test_readme_shows_a_real_output() -> None:
+    text = README.read_text(encoding="utf-8")
+    match = re.search(r"```text\n\$ fsdp-readings inspect ([^\n]*)\n(.*?)```", text, re.S)
+    assert match, "README.md has no ```text block starting with $ fsdp-readings inspect"
+    code, out = run(match.group(1).split(), width=80)
+    assert code == 0
+    assert match.group(2).rstrip() == "\n".join(line.rstrip() for line in out.splitlines()).rstrip()
+
+
+# -- the comparison and the policy text, torch-free ---------------------------------------------------------------
+def test_a_value_off_by_one_byte_or_one_collective_is_a_difference() -> None:
+    want = [{"params": 8, "grads": 8, "optim": 20}]
+    rows = compare.memory(want, [{"params": 8, "grads": 9, "optim": 20, "unsharded": 0, "buffers": 0}], buffers=0)
+    assert [r.item for r in rows if not r.agrees] == ["rank 0 grads"]
+    gather = {"op": "all_gather", "numel": 16, "backward": False}
+    reduce = {"op": "reduce_scatter", "numel": 16, "backward": True}
+    rows = compare.collectives([gather, reduce], [gather])
+    missing = ["reduce_scatter in backward", "every payload (op, elements, phase)"]
+    assert [r.item for r in rows if not r.agrees] == missing
+
+
+@pytest.mark.parametrize(
+    ("text", "spec"),
+    [
+        ("none", None),
+        ("size", {"kind": "size", "min_num_params": 100_000_000}),
+        ("size:1M", {"kind": "size", "min_num_params": 1_000_000}),
+        ("20k", {"kind": "size", "min_num_params": 20_000}),
+        ("Block", {"kind": "module", "classes": ["Block"]}),
+        ("module:A, B", {"kind": "module", "classes": ["A", "B"]}),
+        ("transformer:GPT2Block", {"kind": "transformer", "classes": ["GPT2Block"]}),
+    ],
+)
+def test_wrap_text_names_the_policy(text: str, spec: dict | None) -> None:
+    assert policy.parse_wrap(text) == spec
+
+
+def test_wrap_text_that_names_nothing_is_refused() -> None:
+    with pytest.raises(ValueError, match="give none, size"):
+        policy.parse_wrap("module:")
