@@ -27,6 +27,7 @@ from checks.inspect.tree import classes_of, module_paths
 from checks.naming import ROOT, clean
 from checks.probes import record_comm, record_events
 from checks.probes.memory import snapshot
+from checks.probes.memory_series import record_memory_series
 from checks.ranks.context import RankContext
 
 LR = 1e-3
@@ -99,6 +100,20 @@ def _layout(wrapped: nn.Module) -> dict[str, dict[str, int]]:
     return out
 
 
+def diagrams(wrapped: nn.Module, ctx: RankContext) -> dict[str, dict[str, Any]]:
+    """Each unit's flat parameter as guide 12's layout diagram reads it (`checks.guides.g12_flat_parameter`)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    from checks.guides.g12_flat_parameter import real_layout
+    from checks.naming import unit_name
+
+    return {
+        unit_name(path): real_layout(module, ctx, title=unit_name(path))
+        for path, module in wrapped.named_modules()
+        if isinstance(module, FSDP) and module._handle is not None
+    }
+
+
 def _ulps(a: torch.Tensor, b: torch.Tensor) -> int:
     """The largest distance in fp32 units in the last place between two tensors (0: bitwise equal)."""
     if torch.equal(a, b):
@@ -159,11 +174,19 @@ def steady_step(ctx: RankContext, wrapped: nn.Module, optim: torch.optim.Optimiz
     step(0)
     held = snapshot(wrapped, optim).by_category
     optim.zero_grad(set_to_none=True)
-    with record_comm() as comm:
+    with (
+        record_comm() as comm,
+        record_events(wrapped, label="inspect: the second step"),
+        record_memory_series(wrapped, optim) as recorder,
+    ):
+        recorder.mark("start")
         order = step(1)
+        recorder.mark("after step")
     return {
         "units": fsdp1_units(wrapped),
         "layout": _layout(wrapped),
+        "diagrams": diagrams(wrapped, ctx),
+        "series": {"bytes held over the second step": recorder.series.points},
         "memory": held,
         "collectives": [{"op": c.op, "numel": c.numel, "backward": c.in_backward} for c in comm],
         "ring_bytes": float(comm.ring_bytes()),

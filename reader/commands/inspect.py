@@ -21,6 +21,7 @@ from checks.models.cost import STRATEGIES, Plan, PlanError
 from checks.models.zero_memory import OPTIMIZERS
 from checks.naming import ROOT, clean
 from reader.commands import estimate as estimate_command
+from reader.commands import inspect_views as views
 from reader.study.session import BROKEN, CLEAN, FAILED
 from reader.views.fit import Column, fit_table
 
@@ -35,6 +36,7 @@ rank calls it under its own seed. The run is FSDP1 on gloo, fp32, use_orig_param
 shard-grad-op; --meta predicts for every strategy estimate knows.
 exit: 0 every measured value is its prediction, 1 a difference (shown), 2 bad input"""
 
+VIEWS = ("layout", "memory", "timeline")
 MAX_RUN_PARAMS = 50_000_000  # a run holds a few copies per rank, on this machine's CPU memory
 
 
@@ -53,6 +55,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--meta", action="store_true", help="no run: what the models predict, then estimate's tables")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds the run may take (default 300)")
     parser.add_argument("--json", action="store_true", help="the report as JSON")
+    parser.add_argument("--view", action="append", choices=VIEWS, default=[], help="also draw the run's layout "
+                        "diagrams, memory over the second step, or its timeline (repeatable)")  # fmt: skip
+    parser.add_argument("--rank", type=int, default=0, help="whose run --view draws (default: rank 0)")
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -70,9 +75,12 @@ def run(args: argparse.Namespace, console: Console) -> int:
                              optimizer=args.optimizer)  # fmt: skip
     except (loading.LoadError, PlanError, ValueError) as exc:
         return _error(console, str(exc))
-    measured = _measure(args, spec, strategy, console)
-    if isinstance(measured, int):
-        return measured
+    if not 0 <= args.rank < args.world_size:
+        return _error(console, f"--rank {args.rank} is not one of the {args.world_size} ranks")
+    outcome = _measure(args, spec, strategy, console)
+    if isinstance(outcome, int):
+        return outcome
+    measured, captured = outcome
     root_params = any(u["name"] == ROOT and u["params"] for u in prediction["units"])
     rows = [
         *compare.units(prediction["units"], measured[0]["units"]),
@@ -91,6 +99,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         console.print_json(json.dumps(doc))
     else:
         _print_rows(console, args, spec, strategy, rows)
+        views.draw(console, args.view, measured[args.rank], captured[args.rank], model=args.model, rank=args.rank)
     return CLEAN if agree else FAILED
 
 
@@ -160,11 +169,13 @@ def _numel(shapes: dict[str, tuple[int, ...]]) -> int:
 
 
 def _measure(args: argparse.Namespace, spec: dict[str, Any] | None, strategy: str, console: Console) -> Any:
-    """Every rank's measurements, or an exit code after printing why there are none."""
+    """Every rank's measurements and what each captured (``--view timeline``), or an exit code after printing why
+    there are none."""
     from checks.ranks.manager import PoolManager
     from checks.ranks.protocol import CheckRequest
 
     request = CheckRequest("checks.inspect.measure:measure", world_size=args.world_size, timeout=args.timeout,
+                           capture="timeline" in args.view,
                            kwargs={"model": args.model, "batch": args.input, "wrap": spec,
                                    "strategy": MEASURED[strategy], "optimizer": args.optimizer})  # fmt: skip
     manager = PoolManager(timeout=args.timeout)
@@ -177,7 +188,7 @@ def _measure(args: argparse.Namespace, spec: dict[str, Any] | None, strategy: st
     if outcome.failure:
         own = [r for r in outcome.results if r.error_type in INPUT_ERRORS and r.message]
         return _error(console, own[0].message if own else outcome.failure)  # type: ignore[arg-type]
-    return outcome.values()
+    return outcome.values(), [r.captured for r in outcome.results]
 
 
 INPUT_ERRORS = ("checks.inspect.measure.BatchRejected", "checks.inspect.loading.LoadError")

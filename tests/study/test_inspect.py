@@ -180,3 +180,17 @@ def test_wrap_text_names_the_policy(text: str, spec: dict | None) -> None:
 def test_wrap_text_that_names_nothing_is_refused() -> None:
     with pytest.raises(ValueError, match="give none, size"):
         policy.parse_wrap("module:")
+
+
+def test_views_draw_the_runs_layout_memory_and_timeline() -> None:
+    argv = [f"{EXAMPLES}:transformer", "--input", f"{EXAMPLES}:transformer_batch", "--wrap",
+            "TransformerEncoderLayer,TransformerDecoderLayer", "--view", "layout", "--view", "memory", "--view",
+            "timeline", "--rank", "1"]  # fmt: skip
+    code, out = run(argv, width=100)
+    assert code == 0
+    # guide 12's diagram of the root's flat parameter (128 elements, 64 per rank), the memory bars' peak, and a
+    # timeline row of the root's all-gather (128 fp32 elements)
+    assert "root: 128 elements = 128 in 4 parameters; 2 ranks x 64" in out
+    assert "bytes held over the second step" in out and "peak " in out
+    assert "rank 1: 4 event recording(s), 1 collective recording(s)" in out
+    assert "all_gather 128 fp32 (512 B)" in out
