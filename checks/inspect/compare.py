@@ -9,8 +9,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from checks.inspect.predict import MODES
-from checks.models import prefetch as prefetch_model
 from checks.naming import ROOT
 
 MEMORY = ("params", "grads", "optim")
@@ -111,24 +109,23 @@ def _key(op: Mapping[str, Any]) -> tuple[str, int, bool]:
 
 
 def prefetch(predicted: Mapping[str, Any], measured: Mapping[str, Mapping[str, Any]],
-             repredict: Callable[[list[str], str | None], list[str]]) -> list[Row]:  # fmt: skip
-    """Torch's post-forward order against the assumed one, then each mode's backward hooks. When torch ran the
-    units in another order, each mode is also predicted from torch's order (``repredict``), so that an order the
-    model did not know is not mistaken for a prefetch rule it got wrong."""
-    rows = []
+             repredict: Callable[[list[str], str], list[str]]) -> list[Row]:  # fmt: skip
+    """Torch's post-forward order against the assumed one, then each mode's backward hooks (FSDP2: its implicit
+    prefetches). When torch ran the units in another order, each mode is also predicted from torch's order
+    (``repredict``), so that an order the model did not know is not mistaken for a prefetch rule it got wrong."""
     assumed = list(predicted["post_forward"])
-    for mode in MODES:
-        seen = measured[str(mode)]
+    first = measured[predicted["modes"][0]]
+    rows = [Row("prefetch", "post-forward order", " ".join(assumed),
+                " ".join(u for u in first["post_forward"] if u != ROOT))]  # fmt: skip
+    for mode in predicted["modes"]:
+        seen = measured[mode]
         order = [u for u in seen["post_forward"] if u != ROOT]
-        want = predicted["prefetch"][str(mode)]
-        note = ""
+        want, note = predicted["prefetch"][mode], ""
         if order != assumed:
             want, note = repredict(order, mode), f"torch ran the units in another order: {' '.join(order)}"
         rows.append(Row("prefetch", f"{mode} prefetches", _pairs(want), _pairs(seen["hooks"]), note))
         rows.append(Row("prefetch", f"{mode} hooks in order", "the model's", "the model's" if want == seen["hooks"]
                         else "other hooks"))  # fmt: skip
-    rows.insert(0, Row("prefetch", "post-forward order", " ".join(assumed), " ".join(
-        u for u in measured["BACKWARD_PRE"]["post_forward"] if u != ROOT)))  # fmt: skip
     return rows
 
 
@@ -152,8 +149,3 @@ def gradients(measured: Mapping[str, Any], world_size: int) -> list[Row]:
             "(ulps are many where a value is near zero)" if worst else "")  # fmt: skip
     want = "bitwise, or DDP's up to summation order"
     return [Row("gradients", f"{total} parameters against DDP", want, want if not measured["missing"] else seen, note)]
-
-
-def hooks_for(order: list[str], mode: str | None, root_params: bool) -> list[str]:
-    """The prefetch model's hooks for ``order`` (inner units), with the root last when it holds parameters."""
-    return prefetch_model.backward_sequence([*order, ROOT] if root_params else order, mode, root_params=root_params)

@@ -11,7 +11,6 @@ Hugging Face models return with ``labels``), else the sum of every floating-poin
 
 from __future__ import annotations
 
-import struct
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,7 +22,8 @@ from checks.guides.g06_backward_prefetch import HOOK_KINDS, recorded_post_forwar
 from checks.guides.g13_zero_stages import make
 from checks.guides.g20_auto_wrap import fsdp1_units, torch_policy
 from checks.inspect import loading
-from checks.inspect.tree import classes_of, module_paths
+from checks.inspect.predict import FSDP1, FSDP2, modes
+from checks.inspect.tree import classes_of, module_paths, tree_of
 from checks.naming import ROOT, clean
 from checks.probes import record_comm, record_events
 from checks.probes.memory import snapshot
@@ -86,11 +86,18 @@ def _fsdp1(model: nn.Module, ctx: RankContext, spec: dict[str, Any] | None, stra
 
 
 def _layout(wrapped: nn.Module) -> dict[str, dict[str, int]]:
+    from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     from checks.naming import unit_name
 
     out = {}
+    for path, module in wrapped.named_modules():
+        if isinstance(module, FSDPModule) and (group := module._get_fsdp_state()._fsdp_param_group) is not None:
+            n = group.mesh_info.shard_mesh_size
+            shard = sum(p.padded_sharded_param_size.numel() for p in group.fsdp_params)
+            numel = sum(p._orig_size.numel() for p in group.fsdp_params)
+            out[unit_name(path)] = {"numel": numel, "padded": shard * n, "shard": shard, "padding": shard * n - numel}
     for path, module in wrapped.named_modules():
         if isinstance(module, FSDP) and module._handle is not None:
             flat = module._handle.flat_param
@@ -127,10 +134,10 @@ def _ulps(a: torch.Tensor, b: torch.Tensor) -> int:
 
 
 def measure(
-    ctx: RankContext, model: str, batch: str, *, wrap: dict[str, Any] | None, strategy: str, optimizer: str = "adamw",
-    modes: tuple[str | None, ...] = ("BACKWARD_PRE", "BACKWARD_POST", None),
-) -> dict[str, Any]:  # fmt: skip
-    """The measurements `checks.inspect.compare` reads (see the module docstring)."""
+    ctx: RankContext, model: str, batch: str, *, wrap: dict[str, Any] | None, strategy: str, optimizer: str = "adamw"
+) -> dict[str, Any]:
+    """The measurements `checks.inspect.compare` reads (see the module docstring); ``strategy`` is one of
+    `checks.inspect.predict.MEASURED`."""
     build, _ = loading.factory(model)
     make_batch, _ = loading.factory(batch, "--input")
     plain = loading.build_for_real(model, build).to(ctx.device)
@@ -142,21 +149,80 @@ def measure(
         raise BatchRejected(f"{model} rejected the batch of {batch}: {type(exc).__name__}: {exc}") from exc
     buffers = sum(b.numel() * b.element_size() for b in plain.buffers())
     del plain
-    wrapped = _fsdp1(loading.build_for_real(model, build), ctx, wrap, strategy, "BACKWARD_PRE")
-    out = {**steady_step(ctx, wrapped, make(optimizer, wrapped.parameters(), LR), make_batch), "prefetch": {}}
+
+    def wrapped(mode: str | None = "BACKWARD_PRE") -> nn.Module:
+        fresh = loading.build_for_real(model, build)
+        if strategy in FSDP2:
+            return _fsdp2(fresh, ctx, wrap, FSDP2[strategy])
+        return _fsdp1(fresh, ctx, wrap, FSDP1[strategy], mode)
+
+    first = wrapped()
+    out = {**steady_step(ctx, first, make(optimizer, first.parameters(), LR), make_batch), "prefetch": {}}
     out["buffers_unwrapped"] = buffers
-    for mode in modes:
-        wrapped = _fsdp1(loading.build_for_real(model, build), ctx, wrap, strategy, mode)
-        output = call(wrapped, batch_of(make_batch, ctx, 0))
-        order, _ = recorded_post_forward(wrapped)
-        with record_events(wrapped, label=f"inspect {mode}") as events:
+    for mode in modes(strategy):
+        model_ = wrapped(None if mode in ("None", "implicit") else mode)
+        output = call(model_, batch_of(make_batch, ctx, 0))
+        order = post_forward_order(model_)
+        with record_events(model_, label=f"inspect {mode}") as events:
             loss_of(output).backward()
-        out["prefetch"][str(mode)] = {
-            "post_forward": order,
-            "hooks": [e.describe() for e in events if e.kind in HOOK_KINDS],
-        }
-    out["gradients"] = gradients_against_ddp(ctx, model, build, make_batch, wrap=wrap, strategy=strategy)
+        kinds = HOOK_KINDS if strategy in FSDP1 else ("prefetch",)
+        out["prefetch"][str(mode)] = {"post_forward": order,
+                                      "hooks": [e.describe() for e in events if e.kind in kinds]}  # fmt: skip
+    out["gradients"] = gradients_against_ddp(ctx, make_batch, reference=loading.build_for_real(model, build),
+                                             sharded=wrapped())  # fmt: skip
     return out
+
+
+def post_forward_order(model: nn.Module) -> list[str]:
+    """The units in the order torch recorded their post-forwards this iteration (read before backward clears it)."""
+    if hasattr(model, "_exec_order_data"):
+        return recorded_post_forward(model)[0]
+    from checks.guides.g17_fsdp2_prefetch import torch_post_forward_order
+
+    return torch_post_forward_order(model)
+
+
+def _fsdp2(model: nn.Module, ctx: RankContext, spec: dict[str, Any] | None, reshard: bool | None) -> nn.Module:
+    """``fully_shard`` on each module FSDP1's policy would make a unit, children first, the root last (see
+    `checks.inspect.predict`)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from checks.guides.g20_auto_wrap import model_policy
+    from checks.models import wrap as wm
+
+    units = wm.wrap(tree_of(model), model_policy(spec)).units
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    modules = dict(model.named_modules())
+    kwargs = {} if reshard is None else {"reshard_after_forward": reshard}
+    for unit in units:
+        fully_shard(modules[unit.path], mesh=mesh, **kwargs)
+    return model
+
+
+def _units(wrapped: nn.Module) -> dict[str, dict[str, Any]]:
+    if hasattr(wrapped, "_exec_order_data"):
+        return fsdp1_units(wrapped)
+    from torch.distributed.fsdp import FSDPModule
+
+    from checks.guides.g20_auto_wrap import fsdp2_group
+    from checks.naming import unit_name
+
+    out = {}
+    for path, module in wrapped.named_modules():
+        if isinstance(module, FSDPModule):
+            sizes = {clean(n): p.numel() for n, p in module.named_parameters()}
+            names = fsdp2_group(module)
+            original = next(c for c in type(module).__mro__ if not issubclass(c, FSDPModule))
+            out[unit_name(path)] = {"type": original.__name__,
+                                    "params": [[n, _global_numel(module, n, sizes)] for n in names]}  # fmt: skip
+    return out
+
+
+def _global_numel(module: nn.Module, name: str, sizes: dict[str, int]) -> int:
+    """A parameter's whole size: a DTensor's global shape, not its local shard."""
+    param = module.get_parameter(name)
+    return int(torch.Size(param.shape).numel()) if param is not None else sizes[name]
 
 
 def steady_step(ctx: RankContext, wrapped: nn.Module, optim: torch.optim.Optimizer,
@@ -166,7 +232,7 @@ def steady_step(ctx: RankContext, wrapped: nn.Module, optim: torch.optim.Optimiz
 
     def step(number: int) -> list[str]:
         output = call(wrapped, batch_of(make_batch, ctx, number))
-        order, _ = recorded_post_forward(wrapped)
+        order = post_forward_order(wrapped)
         loss_of(output).backward()
         optim.step()
         return order
@@ -177,15 +243,15 @@ def steady_step(ctx: RankContext, wrapped: nn.Module, optim: torch.optim.Optimiz
     with (
         record_comm() as comm,
         record_events(wrapped, label="inspect: the second step"),
-        record_memory_series(wrapped, optim) as recorder,
+        record_memory_series(wrapped, optim) as recorder,  # its points: FSDP1's hooks only
     ):
         recorder.mark("start")
         order = step(1)
         recorder.mark("after step")
     return {
-        "units": fsdp1_units(wrapped),
+        "units": _units(wrapped),
         "layout": _layout(wrapped),
-        "diagrams": diagrams(wrapped, ctx),
+        "diagrams": diagrams(wrapped, ctx) if hasattr(wrapped, "_exec_order_data") else {},
         "series": {"bytes held over the second step": recorder.series.points},
         "memory": held,
         "collectives": [{"op": c.op, "numel": c.numel, "backward": c.in_backward} for c in comm],
@@ -195,26 +261,23 @@ def steady_step(ctx: RankContext, wrapped: nn.Module, optim: torch.optim.Optimiz
 
 
 def gradients_against_ddp(
-    ctx: RankContext, spec: str, build: Callable[[], Any], make_batch: Callable[[], Any], *,
-    wrap: dict[str, Any] | None, strategy: str,
-) -> dict[str, Any]:  # fmt: skip
-    """One backward of the same weights and batches under FSDP1 and under DDP: each parameter's reduced gradient,
-    FSDP's gathered whole (``summon_full_params(with_grads=True)``), against DDP's: how many are bitwise equal,
-    and the worst distance in ulps, with the parameter it is in."""
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    ctx: RankContext, make_batch: Callable[[], Any], *, reference: nn.Module, sharded: nn.Module
+) -> dict[str, Any]:
+    """One backward of the same weights and batches under DDP (``reference``, unwrapped) and under FSDP
+    (``sharded``): each parameter's reduced gradient, FSDP's whole (FSDP1: ``summon_full_params(with_grads=True)``;
+    FSDP2: the DTensor's ``full_tensor()``), against DDP's: how many are bitwise equal, the worst distance in ulps
+    with the parameter it is in, and the largest absolute difference."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    ddp = DDP(loading.build_for_real(spec, build).to(ctx.device))
+    ddp = DDP(reference.to(ctx.device))
     loss_of(call(ddp, batch_of(make_batch, ctx, 0))).backward()
-    reference = {clean(n): p.grad.detach().clone() for n, p in ddp.module.named_parameters() if p.grad is not None}
-    wrapped = _fsdp1(loading.build_for_real(spec, build), ctx, wrap, strategy, "BACKWARD_PRE")
-    loss_of(call(wrapped, batch_of(make_batch, ctx, 0))).backward()
-    with FSDP.summon_full_params(wrapped, writeback=False, with_grads=True):
-        grads = {clean(n): p.grad.detach().clone() for n, p in wrapped.named_parameters() if p.grad is not None}
-    missing = sorted(set(reference) ^ set(grads))
-    distances = {name: _ulps(grads[name], reference[name]) for name in reference if name in grads}
+    want = {clean(n): p.grad.detach().clone() for n, p in ddp.module.named_parameters() if p.grad is not None}
+    loss_of(call(sharded, batch_of(make_batch, ctx, 0))).backward()
+    grads = _whole_grads(sharded)
+    missing = sorted(set(want) ^ set(grads))
+    distances = {name: _ulps(grads[name], want[name]) for name in want if name in grads}
     worst = max(distances, key=lambda n: distances[n]) if distances else None
-    largest = max((float((grads[n] - reference[n]).abs().max()) for n in distances), default=0.0)
+    largest = max((float((grads[n] - want[n]).abs().max()) for n in distances), default=0.0)
     return {
         "parameters": len(distances),
         "bitwise": sum(d == 0 for d in distances.values()),
@@ -222,5 +285,13 @@ def gradients_against_ddp(
         "worst_parameter": worst if worst and distances[worst] else None,
         "largest_abs": largest,
         "missing": missing,
-        "checksum": struct.unpack("<q", struct.pack("<d", float(sum(g.double().sum() for g in grads.values()))))[0],
     }
+
+
+def _whole_grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    if hasattr(model, "_exec_order_data"):
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        with FSDP.summon_full_params(model, writeback=False, with_grads=True):
+            return {clean(n): p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return {clean(n): p.grad.full_tensor().detach().clone() for n, p in model.named_parameters() if p.grad is not None}

@@ -1,6 +1,6 @@
 """``fsdp-readings inspect MODULE:CALLABLE``: a user's model under the suite's models and probes. The model is
 built on the meta device for what needs no run (`checks.inspect.predict`: units, flat-parameter layout, bytes per
-rank, collectives, prefetch hooks); then, unless ``--meta``, one FSDP1 run on the rank pool measures the same
+rank, collectives, prefetch hooks); then, unless ``--meta``, one FSDP run on the rank pool measures the same
 things (`checks.inspect.measure`), and every measured value is printed beside its prediction
 (`checks.inspect.compare`). A difference is a finding and is shown as one, and the exit code is 1.
 """
@@ -15,11 +15,11 @@ from rich.console import Console
 from rich.text import Text
 
 from checks.inspect import compare, loading, policy
-from checks.inspect.predict import MEASURED, predict
+from checks.inspect.predict import MEASURED, predict, prefetch_hooks
 from checks.models import cost
 from checks.models.cost import STRATEGIES, Plan, PlanError
 from checks.models.zero_memory import OPTIMIZERS
-from checks.naming import ROOT, clean
+from checks.naming import clean
 from reader.commands import estimate as estimate_command
 from reader.commands import inspect_views as views
 from reader.study.session import BROKEN, CLEAN, FAILED
@@ -32,8 +32,9 @@ EXAMPLES = """examples:
   fsdp-readings inspect checks.inspect.examples:gpt2_1b --meta --wrap GPT2Block -n 64    # no run: any GPU count
 
 --input names a callable returning one batch (a tensor, a tuple of arguments or a dict of keyword arguments); each
-rank calls it under its own seed. The run is FSDP1 on gloo, fp32, use_orig_params=True, --strategy full-shard or
-shard-grad-op; --meta predicts for every strategy estimate knows.
+rank calls it under its own seed. The run is on gloo, fp32: FSDP1 (use_orig_params=True) for --strategy full-shard
+or shard-grad-op, FSDP2 (fully_shard on the modules the policy picks) for fsdp2, fsdp2-default, fsdp2-no-reshard;
+--meta predicts for every strategy estimate knows.
 exit: 0 every measured value is its prediction, 1 a difference (shown), 2 bad input"""
 
 VIEWS = ("layout", "memory", "timeline")
@@ -81,15 +82,16 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if isinstance(outcome, int):
         return outcome
     measured, captured = outcome
-    root_params = any(u["name"] == ROOT and u["params"] for u in prediction["units"])
+
+    def repredict(order: list[str], mode: str) -> list[str]:
+        return prefetch_hooks(strategy, order, None if mode == "None" else mode, prediction["root_params"])
+
     rows = [
         *compare.units(prediction["units"], measured[0]["units"]),
         *compare.layout(prediction["layout"], measured[0]["layout"]),
         *compare.memory(prediction["memory"], [m["memory"] for m in measured], buffers),
         *compare.collectives(prediction["collectives"], measured[0]["collectives"]),
-        *compare.prefetch(
-            prediction, measured[0]["prefetch"], lambda order, mode: compare.hooks_for(order, mode, root_params)
-        ),
+        *compare.prefetch(prediction, measured[0]["prefetch"], repredict),
         *compare.gradients(measured[0]["gradients"], args.world_size),
     ]
     agree = all(row.agrees for row in rows)
@@ -177,7 +179,7 @@ def _measure(args: argparse.Namespace, spec: dict[str, Any] | None, strategy: st
     request = CheckRequest("checks.inspect.measure:measure", world_size=args.world_size, timeout=args.timeout,
                            capture="timeline" in args.view,
                            kwargs={"model": args.model, "batch": args.input, "wrap": spec,
-                                   "strategy": MEASURED[strategy], "optimizer": args.optimizer})  # fmt: skip
+                                   "strategy": strategy, "optimizer": args.optimizer})  # fmt: skip
     manager = PoolManager(timeout=args.timeout)
     try:
         outcome = manager.run(request)

@@ -60,9 +60,12 @@ def test_mini_gpt_is_measured_as_predicted() -> None:
     assert rows[("prefetch", "BACKWARD_PRE prefetches")]["measured"] == pairs
 
 
-def test_torchs_transformer_is_measured_as_predicted() -> None:
+@pytest.mark.parametrize("strategy", ["full-shard", "fsdp2"])
+def test_torchs_transformer_is_measured_as_predicted(strategy: str) -> None:
     wrap = "TransformerEncoderLayer,TransformerDecoderLayer"
-    code, doc = run_json([f"{EXAMPLES}:transformer", "--input", f"{EXAMPLES}:transformer_batch", "--wrap", wrap])
+    argv = [f"{EXAMPLES}:transformer", "--input", f"{EXAMPLES}:transformer_batch", "--wrap", wrap]
+    argv += ["--strategy", strategy]
+    code, doc = run_json(argv)
     assert code == 0
     _agrees(doc)
     units = [r["item"] for r in doc["rows"] if r["section"] == "units"]
@@ -71,13 +74,17 @@ def test_torchs_transformer_is_measured_as_predicted() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("factory", "batch", "wrap", "ranks"),
-    [("gpt2", "gpt2_batch", "GPT2Block", "2"), ("gpt2", "gpt2_batch", "GPT2Block", "4"),
-     ("resnet18", "image_batch", "ResNetBasicLayer", "2")],
+    ("factory", "batch", "wrap", "ranks", "strategy"),
+    [("gpt2", "gpt2_batch", "GPT2Block", "2", "full-shard"), ("gpt2", "gpt2_batch", "GPT2Block", "4", "full-shard"),
+     ("gpt2", "gpt2_batch", "GPT2Block", "4", "fsdp2-default"),
+     ("resnet18", "image_batch", "ResNetBasicLayer", "2", "full-shard"),
+     ("resnet18", "image_batch", "ResNetBasicLayer", "2", "fsdp2")],
 )  # fmt: skip
-def test_hugging_face_models_are_measured_as_predicted(factory: str, batch: str, wrap: str, ranks: str) -> None:
+def test_hugging_face_models_are_measured_as_predicted(factory: str, batch: str, wrap: str, ranks: str,
+                                                       strategy: str) -> None:  # fmt: skip
     _transformers()
-    argv = [f"{EXAMPLES}:{factory}", "--input", f"{EXAMPLES}:{batch}", "--wrap", wrap, "-n", ranks]
+    argv = [f"{EXAMPLES}:{factory}", "--input", f"{EXAMPLES}:{batch}", "--wrap", wrap, "-n", ranks, "--strategy",
+            strategy]  # fmt: skip
     code, doc = run_json(argv)
     assert code == 0
     _agrees(doc)
@@ -121,7 +128,7 @@ def test_meta_inspects_a_billion_parameter_gpt2_with_no_run() -> None:
         ([f"{FACTORIES}:three_linears", "--input", f"{FACTORIES}:batch", "-n", "3"], "-n 2 or 4"),
         (
             [f"{FACTORIES}:three_linears", "--input", f"{FACTORIES}:batch", "--strategy", "zero2"],
-            "a run measures full-shard, shard-grad-op, not zero2",
+            "a run measures full-shard, shard-grad-op, fsdp2, fsdp2-default, fsdp2-no-reshard, not zero2",
         ),
     ],
 )
