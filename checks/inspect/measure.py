@@ -12,11 +12,12 @@ Hugging Face models return with ``labels``), else the sum of every floating-poin
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from checks.guides.g06_backward_prefetch import HOOK_KINDS, recorded_post_forward
 from checks.guides.g13_zero_stages import make
@@ -51,23 +52,14 @@ def call(model: nn.Module, batch: Any) -> Any:
     return model(batch)
 
 
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
-    elif isinstance(value, tuple | list):
-        for item in value:
-            yield from _tensors(item)
-
-
 def loss_of(output: Any) -> torch.Tensor:
     """See the module docstring."""
     loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
     if isinstance(loss, torch.Tensor):
         return loss.float().sum()
-    floats = [t.float().sum() for t in _tensors(output) if t.is_floating_point() and t.requires_grad]
+    leaves = tree_leaves(output)  # dicts, tuples, lists, Hugging Face's ModelOutput
+    floats = [t.float().sum() for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()
+              and t.requires_grad]  # fmt: skip
     if not floats:
         raise BatchRejected("the model returned no floating-point tensor that needs a gradient: nothing to train")
     return torch.stack(floats).sum()

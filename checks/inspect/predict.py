@@ -17,6 +17,7 @@ says so (`checks.inspect.compare`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -93,16 +94,9 @@ def _fsdp1_layout(numels: Sequence[int], world_size: int) -> dict[str, int]:
 
 
 def _fsdp2_layout(shapes: Sequence[tuple[int, ...]], world_size: int) -> dict[str, int]:
-    numel = sum(_numel(s) for s in shapes)
+    numel = sum(math.prod(s) for s in shapes)
     shard = sum(padded_shard_numel(s, world_size) for s in shapes)
     return {"numel": numel, "padded": shard * world_size, "shard": shard, "padding": shard * world_size - numel}
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def predict(

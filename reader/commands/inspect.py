@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import Any
 
 from rich.console import Console
@@ -154,20 +155,10 @@ def _runnable(args: argparse.Namespace, strategy: str, shapes: dict[str, tuple[i
         raise ValueError(f"a run takes -n 2 or 4 ranks on this machine, not {args.world_size}; --meta takes any")
     if args.precision != "fp32":
         raise ValueError(f"a run measures fp32, not {args.precision}; --meta predicts {args.precision}")
-    total = _numel(shapes)
+    total = sum(math.prod(shape) for shape in shapes.values())
     if total > MAX_RUN_PARAMS:
         raise ValueError(f"{args.model} has {total:,} parameters, more than a CPU run here takes "
                          f"({MAX_RUN_PARAMS:,}); use --meta")  # fmt: skip
-
-
-def _numel(shapes: dict[str, tuple[int, ...]]) -> int:
-    total = 0
-    for shape in shapes.values():
-        n = 1
-        for d in shape:
-            n *= d
-        total += n
-    return total
 
 
 def _measure(args: argparse.Namespace, spec: dict[str, Any] | None, strategy: str, console: Console) -> Any:
