@@ -135,17 +135,21 @@ def _pairs(hooks: Sequence[str]) -> str:
 
 
 def gradients(measured: Mapping[str, Any], world_size: int) -> list[Row]:
-    """FSDP1's reduced gradients against DDP's. On two ranks each element is a sum of two terms, and FSDP1's
-    pre- and post-division by powers of two are exact: bitwise. On more ranks the two reductions may add in
-    other orders, so the prediction is DDP's up to summation order, and the row says by how many ulps."""
-    total, bitwise = measured["parameters"], measured["bitwise"]
-    seen = "bitwise" if bitwise == total and not measured["missing"] else f"{bitwise} of {total} bitwise"
+    """FSDP's and DDP's reduced gradients against the values they may take: every element one of the fp32 sums of
+    the ranks' own gradients (in any order and grouping) over N (`checks.inspect.measure.gradients_against_ddp`).
+    On two ranks there is one such sum, so FSDP's gradient is DDP's, bitwise; on four, the two reductions may add
+    in other orders, and the note says how far apart they are."""
     if measured["missing"]:
-        seen += f"; missing on one side: {', '.join(measured['missing'])}"
-    if world_size == 2:
-        return [Row("gradients", f"{total} parameters against DDP", "bitwise", seen)]
-    worst = measured["worst_ulps"]
-    note = (f"worst {worst} ulps, in {measured['worst_parameter']}; largest difference {measured['largest_abs']:.3g} "
-            "(ulps are many where a value is near zero)" if worst else "")  # fmt: skip
-    want = "bitwise, or DDP's up to summation order"
-    return [Row("gradients", f"{total} parameters against DDP", want, want if not measured["missing"] else seen, note)]
+        return [Row("gradients", "parameters with a gradient", "the same on every side",
+                    f"not on every side: {', '.join(measured['missing'])}")]  # fmt: skip
+    sums = measured["sums"]
+    scope = f"{measured['elements']:,} elements, {sums} possible sum{'s' * (sums != 1)} each"
+    total, bitwise, worst = measured["parameters"], measured["bitwise"], measured["worst_ulps"]
+    apart = f"{bitwise} of {total} parameters bitwise equal to DDP's" + (
+        f"; worst {worst} ulps, in {measured['worst_parameter']}" if worst else "")  # fmt: skip
+    rows = [Row("gradients", f"{name}: elements not a sum of the ranks' gradients / N", 0, measured["outside"][label],
+                scope if label == "fsdp" or world_size == 2 else f"{scope}; {apart}")
+            for label, name in (("fsdp", "FSDP"), ("ddp", "DDP"))]  # fmt: skip
+    if world_size == 2:  # one sum: FSDP's gradient is DDP's, bitwise
+        rows.append(Row("gradients", "parameters bitwise equal to DDP's", total, bitwise))
+    return rows

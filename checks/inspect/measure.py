@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
@@ -160,8 +161,8 @@ def measure(
         kinds = HOOK_KINDS if strategy in FSDP1 else ("prefetch",)
         out["prefetch"][str(mode)] = {"post_forward": order,
                                       "hooks": [e.describe() for e in events if e.kind in kinds]}  # fmt: skip
-    out["gradients"] = gradients_against_ddp(ctx, make_batch, reference=loading.build_for_real(model, build),
-                                             sharded=wrapped())  # fmt: skip
+    fresh = [loading.build_for_real(model, build) for _ in range(2)]
+    out["gradients"] = gradients_against_ddp(ctx, make_batch, local=fresh[0], reference=fresh[1], sharded=wrapped())
     return out
 
 
@@ -253,29 +254,48 @@ def steady_step(ctx: RankContext, wrapped: nn.Module, optim: torch.optim.Optimiz
 
 
 def gradients_against_ddp(
-    ctx: RankContext, make_batch: Callable[[], Any], *, reference: nn.Module, sharded: nn.Module
+    ctx: RankContext, make_batch: Callable[[], Any], *, local: nn.Module, reference: nn.Module, sharded: nn.Module
 ) -> dict[str, Any]:
-    """One backward of the same weights and batches under DDP (``reference``, unwrapped) and under FSDP
-    (``sharded``): each parameter's reduced gradient, FSDP's whole (FSDP1: ``summon_full_params(with_grads=True)``;
-    FSDP2: the DTensor's ``full_tensor()``), against DDP's: how many are bitwise equal, the worst distance in ulps
-    with the parameter it is in, and the largest absolute difference."""
+    """One backward of the same weights and batches, three ways: unwrapped on each rank alone (``local``: the N
+    terms of every reduced element), under DDP (``reference``) and under FSDP (``sharded``; its whole gradient
+    from FSDP1's ``summon_full_params(with_grads=True)`` or FSDP2's ``full_tensor()``). The expected values are
+    the fp32 sums of the N terms, added in any order and grouping (`checks.numerics.pairwise_sums`), over N: both
+    reductions divide by powers of two only, which is exact. Reported: the elements of FSDP's and of DDP's
+    gradient outside that set, the parameters bitwise equal between the two, and the worst distance in ulps."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from checks.numerics import pairwise_sums
+
+    loss_of(call(local.to(ctx.device), batch_of(make_batch, ctx, 0))).backward()
+    names = [clean(n) for n, p in local.named_parameters() if p.grad is not None]
+    mine = torch.cat([p.grad.detach().reshape(-1) for p in local.parameters() if p.grad is not None])
+    terms = [torch.empty_like(mine) for _ in range(ctx.world_size)]
+    dist.all_gather(terms, mine)
+    allowed = [total / ctx.world_size for total in pairwise_sums(terms)]
     ddp = DDP(reference.to(ctx.device))
     loss_of(call(ddp, batch_of(make_batch, ctx, 0))).backward()
     want = {clean(n): p.grad.detach().clone() for n, p in ddp.module.named_parameters() if p.grad is not None}
     loss_of(call(sharded, batch_of(make_batch, ctx, 0))).backward()
     grads = _whole_grads(sharded)
-    missing = sorted(set(want) ^ set(grads))
+    missing = sorted(set(want) ^ set(grads) | set(names) ^ set(want))
+    outside = {}
+    if not missing:
+        for label, values in (("fsdp", grads), ("ddp", want)):
+            flat = torch.cat([values[n].reshape(-1) for n in names])
+            inside = torch.zeros_like(flat, dtype=torch.bool)
+            for candidate in allowed:
+                inside |= flat == candidate
+            outside[label] = int((~inside).sum())
     distances = {name: _ulps(grads[name], want[name]) for name in want if name in grads}
     worst = max(distances, key=lambda n: distances[n]) if distances else None
-    largest = max((float((grads[n] - want[n]).abs().max()) for n in distances), default=0.0)
     return {
         "parameters": len(distances),
+        "elements": int(mine.numel()),
+        "sums": len(allowed),
+        "outside": outside,
         "bitwise": sum(d == 0 for d in distances.values()),
         "worst_ulps": distances[worst] if worst else 0,
         "worst_parameter": worst if worst and distances[worst] else None,
-        "largest_abs": largest,
         "missing": missing,
     }
 

@@ -55,7 +55,7 @@ def test_mini_gpt_is_measured_as_predicted() -> None:
     rows = {(r["section"], r["item"]): r for r in doc["rows"]}
     # guide 13's figures for mini_gpt tiny at N=2 (AdamW): 103,176 bytes of parameters and of gradients per rank
     assert rows[("memory", "rank 0 params")]["measured"] == 103_176
-    assert rows[("gradients", "40 parameters against DDP")]["measured"] == "bitwise"
+    assert rows[("gradients", "parameters bitwise equal to DDP's")]["measured"] == 40
     pairs = "root→blocks.2 blocks.2→blocks.1 blocks.1→blocks.0"
     assert rows[("prefetch", "BACKWARD_PRE prefetches")]["measured"] == pairs
 
@@ -201,3 +201,20 @@ def test_views_draw_the_runs_layout_memory_and_timeline() -> None:
     assert "bytes held over the second step" in out and "peak " in out
     assert "rank 1: 4 event recording(s), 1 collective recording(s)" in out
     assert "all_gather 128 fp32 (512 B)" in out
+
+
+# -- the gradient rows can fail: FSDP1 bent so that it never divides by N ------------------------------------------
+def test_an_fsdp_that_sums_instead_of_averaging_is_a_difference(pool) -> None:
+    from checks.ranks.protocol import CheckRequest, Patch
+
+    no_division = Patch("torch.distributed.fsdp._runtime_utils:_div_if_needed", "checks.breakit.sabotage:noop")
+    kwargs = {"model": f"{EXAMPLES}:mini_gpt_tiny", "batch": f"{EXAMPLES}:mini_gpt_batch",
+              "wrap": policy.parse_wrap("Block"), "strategy": "full-shard"}  # fmt: skip
+    run_ = pool.run(CheckRequest("checks.inspect.measure:measure", kwargs=kwargs, world_size=2, patches=(no_division,)))
+    assert run_.ok, run_.failure
+    measured = run_.values()[0]["gradients"]
+    rows = {row.item: row for row in compare.gradients(measured, 2)}
+    fsdp = rows["FSDP: elements not a sum of the ranks' gradients / N"]
+    assert not fsdp.agrees and fsdp.measured > 0
+    assert rows["DDP: elements not a sum of the ranks' gradients / N"].agrees  # DDP does not call it
+    assert not rows["parameters bitwise equal to DDP's"].agrees
