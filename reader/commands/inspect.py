@@ -112,16 +112,13 @@ def _error(console: Console, message: str) -> int:
 
 
 def _structure(spec: str) -> tuple[Any, dict[str, tuple[int, ...]], int]:
-    """The model on meta (or, when it cannot be built there, on the CPU), each parameter's shape (a tied one
-    once) and its buffers' bytes."""
+    """The model on meta (or, when it cannot be built there, on the CPU, where a factory that raises says why),
+    each parameter's shape (a tied one once) and its buffers' bytes."""
     build, _ = loading.factory(spec)
     try:
         model = loading.build_on_meta(spec, build)
-    except loading.LoadError as on_meta:
-        try:
-            model = loading.build_for_real(spec, build)
-        except loading.LoadError:
-            raise on_meta from None
+    except loading.LoadError:
+        model = loading.build_for_real(spec, build)  # its own error, if it raises here too
     shapes = {clean(n): tuple(p.shape) for n, p in model.named_parameters()}
     if not shapes:
         raise loading.LoadError(f"{spec} has no parameters: there is nothing to shard")
