@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from checks.inspect.predict import DDP, label, prefetch_hooks, with_ready_order
+from checks.models import ddp_buckets as db
 from checks.naming import ROOT
 
 MEMORY = ("params", "grads", "optim")
@@ -29,6 +31,39 @@ class Row:
     def as_json(self) -> dict[str, Any]:
         return {"section": self.section, "item": self.item, "predicted": self.predicted, "measured": self.measured,
                 "agrees": self.agrees, "note": self.note}  # fmt: skip
+
+
+def report(
+    prediction: Mapping[str, Any],
+    measured: Sequence[Mapping[str, Any]],
+    *,
+    strategy: str,
+    world_size: int,
+    shapes: Mapping[str, tuple[int, ...]],
+    buffers: Sequence[db.Param],
+    buffer_bytes: int,
+) -> list[Row]:
+    """Every row of a run's report: `checks.inspect.predict.predict`'s ``prediction`` against each rank's
+    measurements (``measured``, rank 0 first), section by section. Torch's own orders are inputs where a model
+    takes them: the post-forward order (FSDP's prefetches) and the gradient-ready order (DDP's buckets)."""
+    first = measured[0]
+    if strategy in DDP:
+        prediction = with_ready_order(dict(prediction), shapes, buffers, first["ready"])
+
+    def repredict(order: list[str], mode: str) -> list[str]:
+        return prefetch_hooks(strategy, order, None if mode == "None" else mode, prediction["root_params"])
+
+    sizes = dict(zip(prediction.get("parameters", ()), prediction.get("sizes", ()), strict=True))
+    return [
+        *units(prediction["units"], first["units"]),
+        *layout(prediction["layout"], first["layout"]),
+        *(buckets(prediction, first) if strategy in DDP else []),
+        *(partition(prediction["partition"], first["partition"], sizes) if strategy == "torch-zero" else []),
+        *memory(prediction["memory"], [m["memory"] for m in measured], buffer_bytes),
+        *collectives(prediction["collectives"], first["collectives"]),
+        *prefetch(prediction, first["prefetch"], repredict),
+        *gradients(first["gradients"], world_size, None if strategy == "ddp" else label(strategy)),
+    ]
 
 
 def units(predicted: Sequence[Mapping[str, Any]], measured: Mapping[str, Mapping[str, Any]]) -> list[Row]:
@@ -81,7 +116,7 @@ def collectives(predicted: Sequence[Mapping[str, Any]], measured: Sequence[Mappi
         count: Counter[tuple[str, str]] = Counter()
         numel: Counter[tuple[str, str]] = Counter()
         for op in ops:
-            key = (op["op"], "backward" if op["backward"] else "forward")
+            key = (op["op"], "the optimizer's step" if op["phase"] == "step" else op["phase"])
             count[key] += 1
             numel[key] += op["numel"]
         return {key: (count[key], numel[key]) for key in count}
@@ -105,7 +140,7 @@ def collectives(predicted: Sequence[Mapping[str, Any]], measured: Sequence[Mappi
 
 
 def _key(op: Mapping[str, Any]) -> tuple[str, int, bool]:
-    return (op["op"], op["numel"], bool(op["backward"]))
+    return (op["op"], op["numel"], op["phase"])
 
 
 def prefetch(predicted: Mapping[str, Any], measured: Mapping[str, Mapping[str, Any]],
@@ -113,6 +148,8 @@ def prefetch(predicted: Mapping[str, Any], measured: Mapping[str, Mapping[str, A
     """Torch's post-forward order against the assumed one, then each mode's backward hooks (FSDP2: its implicit
     prefetches). When torch ran the units in another order, each mode is also predicted from torch's order
     (``repredict``), so that an order the model did not know is not mistaken for a prefetch rule it got wrong."""
+    if not predicted["modes"]:  # DDP: no units, nothing to prefetch
+        return []
     assumed = list(predicted["post_forward"])
     first = measured[predicted["modes"][0]]
     rows = [Row("prefetch", "post-forward order", " ".join(assumed),
@@ -134,11 +171,12 @@ def _pairs(hooks: Sequence[str]) -> str:
     return " ".join(found) if found else "none"
 
 
-def gradients(measured: Mapping[str, Any], world_size: int) -> list[Row]:
-    """FSDP's and DDP's reduced gradients against the values they may take: every element one of the fp32 sums of
-    the ranks' own gradients (in any order and grouping) over N (`checks.inspect.measure.gradients_against_ddp`).
-    On two ranks there is one such sum, so FSDP's gradient is DDP's, bitwise; on four, the two reductions may add
-    in other orders, and the note says how far apart they are."""
+def gradients(measured: Mapping[str, Any], world_size: int, sharded: str | None = "FSDP") -> list[Row]:
+    """The reduced gradients of the strategy inspected (``sharded``: FSDP, or DDP + ZeroRedundancyOptimizer;
+    None when it is DDP) and of DDP against the values they may take: every element one of the fp32 sums of the
+    ranks' own gradients (in any order and grouping) over N (`checks.inspect.measure.gradients_against_ddp`).
+    On two ranks there is one such sum, so the strategy's gradient is DDP's, bitwise; on four, the two
+    reductions may add in other orders, and the note says how far apart they are."""
     if measured["missing"]:
         return [Row("gradients", "parameters with a gradient", "the same on every side",
                     f"not on every side: {', '.join(measured['missing'])}")]  # fmt: skip
@@ -147,9 +185,49 @@ def gradients(measured: Mapping[str, Any], world_size: int) -> list[Row]:
     total, bitwise, worst = measured["parameters"], measured["bitwise"], measured["worst_ulps"]
     apart = f"{bitwise} of {total} parameters bitwise equal to DDP's" + (
         f"; worst {worst} ulps, in {measured['worst_parameter']}" if worst else "")  # fmt: skip
-    rows = [Row("gradients", f"{name}: elements not a sum of the ranks' gradients / N", 0, measured["outside"][label],
-                scope if label == "fsdp" or world_size == 2 else f"{scope}; {apart}")
-            for label, name in (("fsdp", "FSDP"), ("ddp", "DDP"))]  # fmt: skip
-    if world_size == 2:  # one sum: FSDP's gradient is DDP's, bitwise
+    sides = ((("sharded", sharded),) if sharded else ()) + (("ddp", "DDP"),)
+    rows = [Row("gradients", f"{name}: elements not a sum of the ranks' gradients / N", 0, measured["outside"][key],
+                scope if key == "sharded" or world_size == 2 or not sharded else f"{scope}; {apart}")
+            for key, name in sides]  # fmt: skip
+    if world_size == 2 and sharded:  # one sum: the strategy's gradient is DDP's, bitwise
         rows.append(Row("gradients", "parameters bitwise equal to DDP's", total, bitwise))
+    return rows
+
+
+def buckets(predicted: Mapping[str, Any], measured: Mapping[str, Any]) -> list[Row]:
+    """The reducer's buckets from the second step on, against the bucket model's over the gradient-ready order
+    torch recorded in the first step (an input, as FSDP's post-forward order is: `checks.inspect.predict`):
+    elements and parameters per bucket, and which parameters, in order."""
+    sizes, note = predicted["sizes"], "over torch's gradient-ready order"
+
+    def held(bucket: Sequence[int] | None) -> str:
+        if bucket is None:
+            return "no such bucket"
+        count = len(bucket)
+        return f"{sum(sizes[i] for i in bucket):,} elements in {count} parameter{'s' * (count != 1)}"
+
+    want, got = predicted["buckets"], measured["buckets"]
+    rows = []
+    for index in range(max(len(want), len(got))):
+        p = want[index] if index < len(want) else None
+        m = got[index] if index < len(got) else None
+        rows.append(Row("buckets", f"bucket {index}", held(p), held(m), note if index == 0 else ""))
+    same = [list(b) for b in want] == [list(b) for b in got]
+    rows.append(Row("buckets", "parameters in each bucket, in order", "the model's", "the model's" if same
+                    else "other parameters"))  # fmt: skip
+    return rows
+
+
+def partition(predicted: Sequence[Sequence[str]], measured: Sequence[Sequence[str]],
+              sizes: Mapping[str, int]) -> list[Row]:  # fmt: skip
+    """ZeroRedundancyOptimizer's parameters per rank: how many and their elements (the state each rank keeps),
+    and whether they are the greedy rule's."""
+
+    def held(names: Sequence[str]) -> str:
+        return f"{sum(sizes[n] for n in names):,} elements in {len(names)} parameter{'s' * (len(names) != 1)}"
+
+    rows = [Row("partition", f"rank {rank} updates", held(want), held(got))
+            for rank, (want, got) in enumerate(zip(predicted, measured, strict=True))]  # fmt: skip
+    same = [sorted(r) for r in predicted] == [sorted(r) for r in measured]
+    rows.append(Row("partition", "which parameters", "the greedy rule's", "the greedy rule's" if same else "others"))
     return rows

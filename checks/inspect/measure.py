@@ -1,7 +1,8 @@
-"""One FSDP1 step of a user's model on the rank pool, measured by the probes (rank side): what FSDP built, what a
-rank holds after a step, the collectives of a steady step, each backward-prefetch mode's hooks, and one step's
-gradients against DDP's. Nothing here predicts: `checks.inspect.predict` does, and `checks.inspect.compare`
-puts the two side by side.
+"""One step of a user's model under FSDP1, FSDP2 or DDP on the rank pool, measured by the probes (rank side):
+what FSDP built (DDP: its buckets and the gradient-ready order they follow; ZeroRedundancyOptimizer: its
+partition), what a rank holds after a step, the collectives of a steady step, each backward-prefetch mode's
+hooks, and one step's gradients against DDP's. Nothing here predicts: `checks.inspect.predict` does, and
+`checks.inspect.compare` puts the two side by side.
 
 The batch comes from the input factory, called with no arguments under ``torch.manual_seed(97 * step + rank)``:
 every rank its own batch, the same on every run. It may return a tensor, a tuple of positional arguments or a
@@ -11,8 +12,9 @@ Hugging Face models return with ``labels``), else the sum of every floating-poin
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -24,10 +26,11 @@ from checks.guides.g06_backward_prefetch import HOOK_KINDS, recorded_post_forwar
 from checks.guides.g13_zero_stages import make
 from checks.guides.g20_auto_wrap import fsdp1_units, torch_policy
 from checks.inspect import loading
-from checks.inspect.predict import FSDP1, FSDP2, modes
+from checks.inspect.predict import DDP, FSDP1, FSDP2, modes
 from checks.inspect.tree import classes_of, module_paths, tree_of
 from checks.naming import ROOT, clean
 from checks.probes import record_comm, record_events
+from checks.probes.grad_ready import ready_order, record_grad_ready
 from checks.probes.memory import snapshot
 from checks.probes.memory_series import record_memory_series
 from checks.ranks.context import RankContext
@@ -94,7 +97,8 @@ def _layout(wrapped: nn.Module) -> dict[str, dict[str, int]]:
     for path, module in wrapped.named_modules():
         if isinstance(module, FSDP) and module._handle is not None:
             flat = module._handle.flat_param
-            numel, padded = sum(flat._numels), flat._padded_unsharded_size.numel()
+            numel = sum(flat._numels)  # NO_SHARD keeps the whole (aligned) flat parameter: no all-gather buffer
+            padded = flat._padded_unsharded_size.numel() if module._handle.uses_sharded_strategy else flat.numel()
             out[unit_name(path)] = {"numel": numel, "padded": padded, "shard": flat._sharded_size.numel(),
                                     "padding": padded - numel}  # fmt: skip
     return out
@@ -145,12 +149,17 @@ def measure(
 
     def wrapped(mode: str | None = "BACKWARD_PRE") -> nn.Module:
         fresh = loading.build_for_real(model, build)
+        if strategy in DDP:
+            from checks.workloads.toy import wrap_ddp
+
+            return wrap_ddp(fresh, ctx)
         if strategy in FSDP2:
             return _fsdp2(fresh, ctx, wrap, FSDP2[strategy])
         return _fsdp1(fresh, ctx, wrap, FSDP1[strategy], mode)
 
     first = wrapped()
-    out = {**steady_step(ctx, first, make(optimizer, first.parameters(), LR), make_batch), "prefetch": {}}
+    optim = _optimizer(strategy, optimizer, first)
+    out = {**steady_step(ctx, first, optim, make_batch), "prefetch": {}}
     out["buffers_unwrapped"] = buffers
     for mode in modes(strategy):
         model_ = wrapped(None if mode in ("None", "implicit") else mode)
@@ -162,8 +171,21 @@ def measure(
         out["prefetch"][str(mode)] = {"post_forward": order,
                                       "hooks": [e.describe() for e in events if e.kind in kinds]}  # fmt: skip
     fresh = [loading.build_for_real(model, build) for _ in range(2)]
-    out["gradients"] = gradients_against_ddp(ctx, make_batch, local=fresh[0], reference=fresh[1], sharded=wrapped())
+    sharded = wrapped() if strategy != "ddp" else None  # DDP is the reference itself
+    out["gradients"] = gradients_against_ddp(ctx, make_batch, local=fresh[0], reference=fresh[1], sharded=sharded)
     return out
+
+
+def _optimizer(strategy: str, name: str, wrapped: nn.Module) -> torch.optim.Optimizer:
+    """``name`` over the wrapped model's parameters; for torch-zero, ZeroRedundancyOptimizer around it."""
+    if strategy != "torch-zero":
+        return make(name, wrapped.parameters(), LR)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from checks.guides.g13_zero_stages import optimizer_class
+
+    cls, kwargs = optimizer_class(name)
+    return ZeroRedundancyOptimizer(wrapped.parameters(), optimizer_class=cls, lr=LR, **kwargs)
 
 
 def post_forward_order(model: nn.Module) -> list[str]:
@@ -194,6 +216,8 @@ def _fsdp2(model: nn.Module, ctx: RankContext, spec: dict[str, Any] | None, resh
 
 
 def _units(wrapped: nn.Module) -> dict[str, dict[str, Any]]:
+    if hasattr(wrapped, "reducer"):  # DDP: no units
+        return {}
     if hasattr(wrapped, "_exec_order_data"):
         return fsdp1_units(wrapped)
     from torch.distributed.fsdp import FSDPModule
@@ -220,45 +244,87 @@ def _global_numel(module: nn.Module, name: str, sizes: dict[str, int]) -> int:
 
 def steady_step(ctx: RankContext, wrapped: nn.Module, optim: torch.optim.Optimizer,
                 make_batch: Callable[[], Any]) -> dict[str, Any]:  # fmt: skip
-    """What FSDP built (units, layout), the bytes a rank holds after one step with its gradients kept, and the
-    collectives of the second step (lazy initialisation and the optimizer's state are the first's)."""
+    """What FSDP built (units, layout; DDP: buckets), the bytes a rank holds after one step with its gradients
+    kept, and the collectives of a steady step, each with its phase (forward, backward, or the optimizer's step):
+    the second (lazy initialisation and the optimizer's state are the first's), or under DDP the third (the
+    second's forward rebuilds the buckets, over the first's gradient-ready order)."""
+    is_ddp = hasattr(wrapped, "reducer")
+    steps: list[int] = []
 
-    def step(number: int) -> list[str]:
+    def step(number: int, comm: Any = None) -> list[str]:
         output = call(wrapped, batch_of(make_batch, ctx, number))
-        order = post_forward_order(wrapped)
+        order = post_forward_order(wrapped) if not is_ddp else []
         loss_of(output).backward()
+        before = len(comm) if comm is not None else 0
         optim.step()
+        if comm is not None:
+            steps.extend(range(before, len(comm)))
         return order
 
-    step(0)
-    held = snapshot(wrapped, optim).by_category
-    optim.zero_grad(set_to_none=True)
-    with (
-        record_comm() as comm,
-        record_events(wrapped, label="inspect: the second step"),
-        record_memory_series(wrapped, optim) as recorder,  # its points: FSDP1's hooks only
-    ):
-        recorder.mark("start")
-        order = step(1)
-        recorder.mark("after step")
-    return {
+    with record_grad_ready(wrapped) if is_ddp else _nothing() as ready:
+        step(0)
+        held = snapshot(wrapped, optim).by_category
+        optim.zero_grad(set_to_none=True)
+        if is_ddp:
+            step(1)
+            optim.zero_grad(set_to_none=True)
+        with (
+            record_comm() as comm,
+            record_events(wrapped, label="inspect: a steady step"),
+            record_memory_series(wrapped, optim) as recorder,  # its points: FSDP1's hooks only
+        ):
+            recorder.mark("start")
+            order = step(2 if is_ddp else 1, comm)
+            recorder.mark("after step")
+    in_step = set(steps)
+    out = {
         "units": _units(wrapped),
         "layout": _layout(wrapped),
         "diagrams": diagrams(wrapped, ctx) if hasattr(wrapped, "_exec_order_data") else {},
-        "series": {"bytes held over the second step": recorder.series.points},
+        "series": {f"bytes held over the {'third' if is_ddp else 'second'} step": recorder.series.points},
         "memory": held,
-        "collectives": [{"op": c.op, "numel": c.numel, "backward": c.in_backward} for c in comm],
+        "collectives": [
+            {
+                "op": c.op,
+                "numel": c.numel,
+                "dtype": str(c.dtype).removeprefix("torch."),
+                "phase": "step" if i in in_step else "backward" if c.in_backward else "forward",
+            }
+            for i, c in enumerate(comm)
+        ],
         "ring_bytes": float(comm.ring_bytes()),
         "post_forward": [u for u in order if u != ROOT],
     }
+    if is_ddp:
+        from checks.guides.g19_ddp_buckets import reducer_buckets
+
+        out["ready"] = ready_order(ready, 1)
+        out["buckets"] = reducer_buckets(wrapped)
+        out["partition"] = _partition(wrapped, optim)
+    return out
+
+
+@contextlib.contextmanager
+def _nothing() -> Iterator[None]:
+    yield None
+
+
+def _partition(ddp: nn.Module, optim: torch.optim.Optimizer) -> list[list[str]] | None:
+    """ZeroRedundancyOptimizer's parameters per rank (``_partition_parameters``), by name; None for another."""
+    if not hasattr(optim, "_partition_parameters"):
+        return None
+    names = {id(p): clean(n) for n, p in ddp.module.named_parameters()}
+    return [[names[id(p)] for group in groups for p in group["params"]] for groups in optim._partition_parameters()]
 
 
 def gradients_against_ddp(
-    ctx: RankContext, make_batch: Callable[[], Any], *, local: nn.Module, reference: nn.Module, sharded: nn.Module
-) -> dict[str, Any]:
+    ctx: RankContext, make_batch: Callable[[], Any], *, local: nn.Module, reference: nn.Module,
+    sharded: nn.Module | None,
+) -> dict[str, Any]:  # fmt: skip
     """One backward of the same weights and batches, three ways: unwrapped on each rank alone (``local``: the N
-    terms of every reduced element), under DDP (``reference``) and under FSDP (``sharded``; its whole gradient
-    from FSDP1's ``summon_full_params(with_grads=True)`` or FSDP2's ``full_tensor()``). The expected values are
+    terms of every reduced element), under DDP (``reference``) and under the strategy inspected (``sharded``; its
+    whole gradient from FSDP1's ``summon_full_params(with_grads=True)``, FSDP2's ``full_tensor()``, or a DDP's
+    module; None when the strategy is DDP itself, then only DDP's side is reported). The expected values are
     the fp32 sums of the N terms, added in any order and grouping (`checks.numerics.pairwise_sums`), over N: both
     reductions divide by powers of two only, which is exact. Reported: the elements of FSDP's and of DDP's
     gradient outside that set, the parameters bitwise equal between the two, and the worst distance in ulps."""
@@ -275,12 +341,14 @@ def gradients_against_ddp(
     ddp = DDP(reference.to(ctx.device))
     loss_of(call(ddp, batch_of(make_batch, ctx, 0))).backward()
     want = {clean(n): p.grad.detach().clone() for n, p in ddp.module.named_parameters() if p.grad is not None}
-    loss_of(call(sharded, batch_of(make_batch, ctx, 0))).backward()
-    grads = _whole_grads(sharded)
-    missing = sorted(set(want) ^ set(grads) | set(names) ^ set(want))
+    grads = {}
+    if sharded is not None:
+        loss_of(call(sharded, batch_of(make_batch, ctx, 0))).backward()
+        grads = _whole_grads(sharded)
+    missing = sorted((set(want) ^ set(grads) if sharded is not None else set()) | set(names) ^ set(want))
     outside = {}
     if not missing:
-        for label, values in (("fsdp", grads), ("ddp", want)):
+        for label, values in (("sharded", grads), ("ddp", want)) if sharded is not None else (("ddp", want),):
             flat = torch.cat([values[n].reshape(-1) for n in names])
             inside = torch.zeros_like(flat, dtype=torch.bool)
             for candidate in allowed:
@@ -301,6 +369,8 @@ def gradients_against_ddp(
 
 
 def _whole_grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    if hasattr(model, "reducer"):  # DDP (under ZeroRedundancyOptimizer): whole gradients on every rank
+        return {clean(n): p.grad.detach().clone() for n, p in model.module.named_parameters() if p.grad is not None}
     if hasattr(model, "_exec_order_data"):
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 

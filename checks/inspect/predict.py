@@ -3,8 +3,10 @@ wrap policy forms (`checks.models.wrap`), each unit's layout and padding (FSDP1'
 `checks.models.flat_param`; FSDP2's per-parameter dim-0 padding, `checks.models.fsdp2_shards`), each rank's bytes
 by category after a step (`checks.models.zero_memory`), the step's collectives (`checks.models.comm_volume`) and
 the backward prefetches (FSDP1 per mode, `checks.models.prefetch`; FSDP2's implicit one,
-`checks.models.fsdp2_prefetch`). Torch-free: the input is the plain tree `checks.inspect.tree.tree_of` reads and
-each parameter's shape.
+`checks.models.fsdp2_prefetch`). Under DDP (and DDP with ZeroRedundancyOptimizer) there are no units: the
+gradient buckets (`checks.models.ddp_buckets`) take their place, and the optimizer's partition of parameters
+(`checks.models.zero_partition`). Torch-free: the input is the plain tree `checks.inspect.tree.tree_of` reads,
+each parameter's shape and each buffer's size.
 
 FSDP2 shards the modules FSDP1's policy would make units, with one ``fully_shard`` call each in the wrap's build
 order (children first, the root last), as guide 20's fsdp2-matches-fsdp1 claim does.
@@ -12,7 +14,9 @@ order (children first, the root last), as guide 20's fsdp2-matches-fsdp1 claim d
 The post-forward order is an input: by default the units in the order the wrap built them (children before
 parents, siblings in registration order), which is the order their forwards end in a model that runs its
 children in registration order. A model that runs them otherwise gets the order torch recorded, and the report
-says so (`checks.inspect.compare`).
+says so (`checks.inspect.compare`). DDP's gradient-ready order is an input: autograd's, which no model here
+predicts per parameter; the buckets and their all-reduces are predicted over the order torch recorded in the
+first step (`with_ready_order`), and until then over the reverse of registration.
 """
 
 from __future__ import annotations
@@ -21,24 +25,39 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from checks.models import comm_volume, fsdp2_prefetch, prefetch
+from checks.models import comm_volume, cost, fsdp2_prefetch, prefetch
+from checks.models import ddp_buckets as db
 from checks.models import wrap as wm
 from checks.models.flat_param import layout
 from checks.models.fsdp2_shards import padded_shard_numel
 from checks.models.zero_memory import Param, per_rank
+from checks.models.zero_partition import greedy_partition
 from checks.naming import ROOT
 
-# The strategies a run measures: FSDP1's sharded ones, and FSDP2 with each reshard_after_forward.
-FSDP1 = {"full-shard": "FULL_SHARD", "shard-grad-op": "SHARD_GRAD_OP"}
+# The strategies a run measures: torch's own (DDP, with ZeroRedundancyOptimizer, FSDP1's three sharding
+# strategies, FSDP2 with each reshard_after_forward); guide 13's reference ZeRO stages are mini_gpt's only.
+DDP = {"ddp": "DDP", "torch-zero": "DDP + ZeroRedundancyOptimizer"}
+FSDP1 = {"full-shard": "FULL_SHARD", "shard-grad-op": "SHARD_GRAD_OP", "no-shard": "NO_SHARD"}
 FSDP2 = dict(comm_volume.FSDP2)  # strategy -> reshard_after_forward
-MEASURED = (*FSDP1, *FSDP2)
+MEASURED = (*DDP, *FSDP1, *FSDP2)
 FSDP1_MODES = ("BACKWARD_PRE", "BACKWARD_POST", None)
 FSDP2_MODES = ("implicit",)
 ELEMENT_BYTES = 4  # fp32: the run's parameters, gradients and collectives
+# DDP's buffer broadcast: `DistributedDataParallel.broadcast_bucket_size` (torch/nn/parallel/distributed.py),
+# the limit `dist._broadcast_coalesced` gives its bucket assignment (c10d's comm.cpp)
+BROADCAST_BUCKET_BYTES = 250 * 1024 * 1024
 
 
 def modes(strategy: str) -> tuple[str | None, ...]:
+    """The backward-prefetch settings a run measures: FSDP1's three, FSDP2's implicit one, none under DDP."""
+    if strategy in DDP:
+        return ()
     return FSDP2_MODES if strategy in FSDP2 else FSDP1_MODES
+
+
+def label(strategy: str) -> str:
+    """What the report calls the wrapped model whose gradients it holds against DDP's."""
+    return DDP.get(strategy, "FSDP")
 
 
 def units_of(wrap: wm.Wrap) -> list[dict[str, Any]]:
@@ -87,8 +106,8 @@ def prefetch_hooks(strategy: str, order: Sequence[str], mode: str | None, root_p
     return prefetch.backward_sequence(hooks, mode, root_params=root_params)
 
 
-def _fsdp1_layout(numels: Sequence[int], world_size: int) -> dict[str, int]:
-    lay = layout(numels, ELEMENT_BYTES, world_size)
+def _fsdp1_layout(numels: Sequence[int], world_size: int, sharded: bool = True) -> dict[str, int]:
+    lay = layout(numels, ELEMENT_BYTES, world_size, sharded=sharded)
     numel = sum(lay.numels)
     return {"numel": numel, "padded": lay.padded_numel, "shard": lay.shard_numel, "padding": lay.padded_numel - numel}
 
@@ -108,39 +127,137 @@ def predict(
     world_size: int,
     optimizer: str = "adamw",
     post_forward: Sequence[str] | None = None,
+    buffers: Sequence[db.Param] = (),
 ) -> dict[str, Any]:
     """The prediction for one step of ``strategy`` (one of `MEASURED`) on ``world_size`` ranks, fp32 (FSDP1 with
-    ``use_orig_params=True``), stepped by ``optimizer`` (`checks.models.zero_memory.OPTIMIZERS`)."""
+    ``use_orig_params=True``), stepped by ``optimizer`` (`checks.models.zero_memory.OPTIMIZERS`). ``buffers``:
+    the model's buffers in ``named_buffers()`` order (DDP broadcasts them in every forward)."""
     if strategy not in MEASURED:
         raise ValueError(f"inspect runs {', '.join(MEASURED)}, not {strategy!r}")
+    if not shapes:
+        raise ValueError("the model has no parameters: there is nothing to shard")
+    if strategy in DDP:
+        return ddp(shapes, buffers, strategy=strategy, world_size=world_size, optimizer=optimizer)
     wrap = wm.wrap(tree, policy)
     with_params = [u for u in wrap.units if u.params]
-    if not with_params:
-        raise ValueError("the model has no parameters: there is nothing to shard")
     params = parameters(wrap, shapes)
     by_unit = {u.name: [p.shape for p in params if p.unit == u.name] for u in with_params}
     if strategy in FSDP2:
         layouts = {name: _fsdp2_layout(s, world_size) for name, s in by_unit.items()}
         units = fsdp2_units_of(tree, wrap)
     else:
-        layouts = {u.name: _fsdp1_layout(u.numels, world_size) for u in with_params}
+        sharded = strategy != "no-shard"
+        layouts = {u.name: _fsdp1_layout(u.numels, world_size, sharded) for u in with_params}
         units = units_of(wrap)
     order = list(post_forward) if post_forward is not None else default_post_forward(wrap)
     root_params = ROOT in by_unit
-    unit_shapes = {ROOT: by_unit.get(ROOT, []), **{u: s for u, s in by_unit.items() if u != ROOT}}
-    backward = [*reversed(order)] if not root_params else [ROOT, *reversed(order)]
-    volume = comm_volume.step(strategy, unit_shapes, world_size, root=ROOT, backward_order=backward)
+    if strategy == "no-shard":  # one all-reduce per unit's whole flat parameter: estimate's model
+        volume = cost.collectives(cost.Plan(tuple(params), world_size, strategy, root=ROOT))
+    else:
+        unit_shapes = {ROOT: by_unit.get(ROOT, []), **{u: s for u, s in by_unit.items() if u != ROOT}}
+        backward = [*reversed(order)] if not root_params else [ROOT, *reversed(order)]
+        volume = comm_volume.step(strategy, unit_shapes, world_size, root=ROOT, backward_order=backward)
     impl = "fsdp2" if strategy in FSDP2 else strategy
     memory = [per_rank(impl, params, world_size, rank, optim=optimizer).by_category() for rank in range(world_size)]
+    collectives = [{"op": o.op, "numel": o.numel, "phase": "backward" if o.backward else "forward", "unit": o.unit}
+                   for o in volume.ops]  # fmt: skip
     return {
         "units": units,
         "layout": layouts,
         "memory": memory,
-        "collectives": [{"op": o.op, "numel": o.numel, "backward": o.backward, "unit": o.unit} for o in volume.ops],
+        "collectives": collectives,
         "logical_bytes": volume.logical,
-        "ring_bytes": float(volume.ring),
         "post_forward": order,
         "root_params": root_params,
         "modes": [str(m) for m in modes(strategy)],
         "prefetch": {str(m): prefetch_hooks(strategy, order, m, root_params) for m in modes(strategy)},
+    }
+
+
+def reverse_registration(count: int) -> list[int]:
+    """DDP's gradient-ready order before torch's is known (see the module docstring): parameter indices, last
+    first."""
+    return list(reversed(range(count)))
+
+
+def with_ready_order(prediction: dict[str, Any], shapes: Mapping[str, tuple[int, ...]], buffers: Sequence[db.Param],
+                     ready: Sequence[int]) -> dict[str, Any]:  # fmt: skip
+    """A DDP prediction over the gradient-ready order ``ready`` (parameter indices): its buckets and collectives."""
+    buckets = ddp_buckets(shapes, ready)
+    collectives = ddp_collectives(shapes, buckets, buffers, prediction["partition"])
+    return {**prediction, "ready": list(ready), "buckets": buckets, "collectives": collectives,
+            "logical_bytes": sum(o["numel"] * o["element_bytes"] for o in collectives)}  # fmt: skip
+
+
+def ddp_buckets(shapes: Mapping[str, tuple[int, ...]], ready: Sequence[int] | None = None) -> list[list[int]]:
+    """The reducer's buckets from the second iteration on (its default caps): rebuilt over the gradient-ready
+    order of the first (`checks.models.ddp_buckets.rebuilt_buckets`), as parameter indices in registration
+    order."""
+    params = [db.Param(math.prod(s)) for s in shapes.values()]
+    order = list(ready) if ready is not None else reverse_registration(len(params))
+    return db.rebuilt_buckets(params, order)
+
+
+def buffer_broadcasts(buffers: Sequence[db.Param]) -> list[db.Param]:
+    """What DDP's ``_sync_buffers`` broadcasts before each forward: the buffers coalesced by
+    ``compute_bucket_assignment_by_size`` under `BROADCAST_BUCKET_BYTES` (one flat tensor per bucket, a bucket
+    per dtype), each as one `db.Param` of the bucket's elements and dtype."""
+    if not buffers:
+        return []
+    buckets = db.assign(buffers, [BROADCAST_BUCKET_BYTES])
+    out = []
+    for bucket in buckets:
+        first = buffers[bucket[0]]
+        out.append(db.Param(sum(buffers[i].numel for i in bucket), first.element_size, first.dtype))
+    return out
+
+
+def ddp_collectives(
+    shapes: Mapping[str, tuple[int, ...]],
+    buckets: Sequence[Sequence[int]],
+    buffers: Sequence[db.Param],
+    partition: Sequence[Sequence[str]] | None,
+) -> list[dict[str, Any]]:
+    """A steady DDP step: the buffers' broadcasts before forward, one all-reduce per bucket in backward, and with
+    ZeroRedundancyOptimizer (``partition``) one broadcast per parameter in the step, each from its owner
+    (``_sync_params``: ``parameters_as_bucket_view=False``, the default)."""
+    numels = [math.prod(s) for s in shapes.values()]
+    ops = [{"op": "broadcast", "numel": b.numel, "phase": "forward", "dtype": b.dtype,
+            "element_bytes": b.element_size}
+           for b in buffer_broadcasts(buffers)]  # fmt: skip
+    ops += [{"op": "all_reduce", "numel": sum(numels[i] for i in bucket), "phase": "backward", "dtype": "float32",
+             "element_bytes": ELEMENT_BYTES} for bucket in buckets]  # fmt: skip
+    if partition is not None:
+        ops += [{"op": "broadcast", "numel": math.prod(shapes[name]), "phase": "step", "dtype": "float32",
+                 "element_bytes": ELEMENT_BYTES} for owned in partition for name in owned]  # fmt: skip
+    return ops
+
+
+def ddp(shapes: Mapping[str, tuple[int, ...]], buffers: Sequence[db.Param], *, strategy: str, world_size: int,
+        optimizer: str) -> dict[str, Any]:  # fmt: skip
+    """DDP's step, and with ZeroRedundancyOptimizer its partition: no units; buckets instead (see `predict`)."""
+    params = [Param(ROOT, name, tuple(shape)) for name, shape in shapes.items()]  # DDP's order: registration
+    partition = None
+    if strategy == "torch-zero":
+        partition = [[name for name, _ in owned] for owned in greedy_partition([(p.name, p.numel) for p in params],
+                                                                              world_size)]  # fmt: skip
+    buckets = ddp_buckets(shapes)
+    collectives = ddp_collectives(shapes, buckets, buffers, partition)
+    return {
+        "units": [],
+        "layout": {},
+        "memory": [
+            per_rank(strategy, params, world_size, rank, optim=optimizer).by_category() for rank in range(world_size)
+        ],
+        "collectives": collectives,
+        "logical_bytes": sum(o["numel"] * o["element_bytes"] for o in collectives),
+        "post_forward": [],
+        "root_params": True,
+        "modes": [],
+        "prefetch": {},
+        "parameters": list(shapes),
+        "sizes": [math.prod(s) for s in shapes.values()],
+        "ready": reverse_registration(len(shapes)),
+        "buckets": buckets,
+        "partition": partition,
     }

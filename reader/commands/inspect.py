@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.text import Text
 
 from checks.inspect import compare, loading, policy
-from checks.inspect.predict import MEASURED, predict, prefetch_hooks
+from checks.inspect.predict import DDP, MEASURED, predict
 from checks.models import cost
 from checks.models.cost import STRATEGIES, Plan, PlanError
 from checks.models.zero_memory import OPTIMIZERS
@@ -33,9 +33,10 @@ EXAMPLES = """examples:
   fsdp-readings inspect checks.inspect.examples:gpt2_1b --meta --wrap GPT2Block -n 64    # no run: any GPU count
 
 --input names a callable returning one batch (a tensor, a tuple of arguments or a dict of keyword arguments); each
-rank calls it under its own seed. The run is on gloo, fp32: FSDP1 (use_orig_params=True) for --strategy full-shard
-or shard-grad-op, FSDP2 (fully_shard on the modules the policy picks) for fsdp2, fsdp2-default, fsdp2-no-reshard;
---meta predicts for every strategy estimate knows.
+rank calls it under its own seed. The run is on gloo, fp32: FSDP1 (use_orig_params=True) for --strategy
+full-shard, shard-grad-op or no-shard; FSDP2 (fully_shard on the modules the policy picks) for fsdp2,
+fsdp2-default, fsdp2-no-reshard; DDP for ddp, and with ZeroRedundancyOptimizer for torch-zero (no --wrap: DDP has
+no units). --meta predicts for every strategy estimate knows.
 exit: 0 every measured value is its prediction, 1 a difference (shown), 2 bad input"""
 
 VIEWS = ("layout", "memory", "timeline")
@@ -58,13 +59,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds the run may take (default 300)")
     parser.add_argument("--json", action="store_true", help="the report as JSON")
     parser.add_argument("--view", action="append", choices=VIEWS, default=[], help="also draw the run's layout "
-                        "diagrams, memory over the second step, or its timeline (repeatable)")  # fmt: skip
+                        "diagrams, memory over the measured step, or its timeline (repeatable)")  # fmt: skip
     parser.add_argument("--rank", type=int, default=0, help="whose run --view draws (default: rank 0)")
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
     try:
         meta, shapes, buffers = _structure(args.model)
+        buffer_sizes = _buffers(meta)
         spec = _policy(args.wrap, meta)
         tree = _tree(meta)
         from checks.guides.g20_auto_wrap import model_policy
@@ -72,9 +74,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
         strategy = cost.strategy_name(args.strategy or "full-shard")
         if args.meta:
             return _meta_report(args, console, tree, shapes, model_policy=model_policy(spec), strategy=strategy)
-        _runnable(args, strategy, shapes)
+        _runnable(args, strategy, shapes, spec)
         prediction = predict(tree, shapes, model_policy(spec), strategy=strategy, world_size=args.world_size,
-                             optimizer=args.optimizer)  # fmt: skip
+                             optimizer=args.optimizer, buffers=buffer_sizes)  # fmt: skip
     except (loading.LoadError, PlanError, ValueError) as exc:
         return _error(console, str(exc))
     if not 0 <= args.rank < args.world_size:
@@ -84,17 +86,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         return outcome
     measured, captured = outcome
 
-    def repredict(order: list[str], mode: str) -> list[str]:
-        return prefetch_hooks(strategy, order, None if mode == "None" else mode, prediction["root_params"])
-
-    rows = [
-        *compare.units(prediction["units"], measured[0]["units"]),
-        *compare.layout(prediction["layout"], measured[0]["layout"]),
-        *compare.memory(prediction["memory"], [m["memory"] for m in measured], buffers),
-        *compare.collectives(prediction["collectives"], measured[0]["collectives"]),
-        *compare.prefetch(prediction, measured[0]["prefetch"], repredict),
-        *compare.gradients(measured[0]["gradients"], args.world_size),
-    ]
+    rows = compare.report(prediction, measured, strategy=strategy, world_size=args.world_size, shapes=shapes,
+                          buffers=buffer_sizes, buffer_bytes=buffers)  # fmt: skip
     agree = all(row.agrees for row in rows)
     if args.json:
         doc = {"model": args.model, "policy": policy.describe(spec), "strategy": strategy,
@@ -104,6 +97,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
         _print_rows(console, args, spec, strategy, rows)
         views.draw(console, args.view, measured[args.rank], captured[args.rank], model=args.model, rank=args.rank)
     return CLEAN if agree else FAILED
+
+
+def _buffers(model: Any) -> list[Any]:
+    """Each buffer DDP broadcasts, in ``named_buffers()`` order (a shared one once): elements, size, dtype."""
+    from checks.models.ddp_buckets import Param
+
+    return [Param(b.numel(), b.element_size(), str(b.dtype).removeprefix("torch.")) for b in model.buffers()]
 
 
 def _error(console: Console, message: str) -> int:
@@ -143,11 +143,15 @@ def _tree(model: Any) -> Any:
     return tree_of(model)
 
 
-def _runnable(args: argparse.Namespace, strategy: str, shapes: dict[str, tuple[int, ...]]) -> None:
+def _runnable(args: argparse.Namespace, strategy: str, shapes: dict[str, tuple[int, ...]],
+              spec: dict[str, Any] | None) -> None:  # fmt: skip
     if args.input is None:
         raise ValueError("a run needs --input MODULE:CALLABLE (one batch for the model); --meta needs none")
     if strategy not in MEASURED:
         raise ValueError(f"a run measures {', '.join(MEASURED)}, not {strategy}; --meta predicts {strategy}")
+    if strategy in DDP and spec is not None:
+        raise ValueError(f"--wrap {args.wrap} picks FSDP units, and {strategy} has none: DDP all-reduces gradient "
+                         "buckets; drop --wrap, or pick an FSDP strategy")  # fmt: skip
     if args.world_size not in (2, 4):
         raise ValueError(f"a run takes -n 2 or 4 ranks on this machine, not {args.world_size}; --meta takes any")
     if args.precision != "fp32":

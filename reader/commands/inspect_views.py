@@ -1,6 +1,7 @@
 """``inspect --view``: the study commands' pictures drawn from an ``inspect`` run instead of a claim's: guide 12's
-layout diagram per unit, the memory bars over the second step, and the timeline of that step's events and
-collectives (the run captures its probe logs when the timeline is asked for)."""
+layout diagram per unit, the memory bars over the measured step (the second; under DDP the third), and the
+timeline of that step's events and collectives (the run captures its probe logs when the timeline is asked
+for)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ def _layout(console: Console, measured: dict[str, Any], title: str) -> None:
     from reader.study.layout import PADDING
 
     console.print(Text(f"{title} · flat parameters", style="bold"))
+    if not measured["diagrams"]:  # guide 12's diagram reads FSDP1's FlatParameter; FSDP2 and DDP have none
+        console.print(Text("no flat parameter to draw: only FSDP1 (full-shard, shard-grad-op, no-shard) builds one"))
     for fields in measured["diagrams"].values():
         for line in diagram_lines(fields, width=max(40, min(console.width, MAX_WIDTH))):
             text = Text(line, no_wrap=True, overflow="ignore")

@@ -46,3 +46,9 @@ class Reversed(nn.Module):
 
 def huge() -> nn.Module:
     return nn.Linear(8000, 8000)  # 64,008,000 parameters: over the run limit, fine on meta
+
+
+def normed() -> nn.Module:
+    """Two Linear layers around a BatchNorm1d(6): buffers of 6 + 6 float32 elements and 1 int64 (its
+    ``num_batches_tracked``), which DDP broadcasts before every forward."""
+    return nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 2))

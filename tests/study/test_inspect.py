@@ -41,11 +41,19 @@ def _transformers() -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
 
 
+FSDP_SECTIONS = {"units", "layout", "memory", "collectives", "prefetch", "gradients"}
+DDP_SECTIONS = {"buckets", "memory", "collectives", "gradients"}
+SECTIONS = {"ddp": DDP_SECTIONS, "torch-zero": {*DDP_SECTIONS, "partition"}}
+
+
 def _agrees(doc: dict) -> None:
     differing = [row for row in doc["rows"] if not row["agrees"]]
     assert doc["agree"] and not differing, differing
-    assert {row["section"] for row in doc["rows"]} == {"units", "layout", "memory", "collectives", "prefetch",
-                                                       "gradients"}  # fmt: skip
+    assert {row["section"] for row in doc["rows"]} == SECTIONS.get(doc["strategy"], FSDP_SECTIONS)
+
+
+def _rows(doc: dict) -> dict[tuple[str, str], dict]:
+    return {(r["section"], r["item"]): r for r in doc["rows"]}
 
 
 def test_mini_gpt_is_measured_as_predicted() -> None:
@@ -72,13 +80,68 @@ def test_torchs_transformer_is_measured_as_predicted(strategy: str) -> None:
     assert units == ["encoder.layers.0", "decoder.layers.0", "root"]
 
 
+# -- DDP, ZeroRedundancyOptimizer and NO_SHARD, against values worked by hand -------------------------------------
+# three_linears: Linear(4, 6), Linear(6, 6), Linear(6, 2): 24 + 6, 36 + 6, 12 + 2 = 86 elements in 6 parameters
+LINEARS = [f"{FACTORIES}:three_linears", "--input", f"{FACTORIES}:batch"]
+
+
+def test_ddp_on_three_linears_is_one_bucket_over_the_reversed_parameters() -> None:
+    code, doc = run_json([*LINEARS, "--strategy", "ddp"])
+    assert code == 0
+    _agrees(doc)
+    rows = _rows(doc)
+    # 344 bytes: under the rebuild's 1 MiB first bucket, so one bucket; no buffers, so no broadcast
+    assert rows[("buckets", "bucket 0")]["measured"] == "86 elements in 6 parameters"
+    assert [k for k in rows if k[0] == "buckets"] == [("buckets", "bucket 0"),
+                                                      ("buckets", "parameters in each bucket, in order")]  # fmt: skip
+    assert rows[("collectives", "all_reduce in backward")]["measured"] == "1, 86 elements"
+    assert not [k for k in rows if k[0] == "collectives" and "broadcast" in k[1]]
+    assert rows[("memory", "rank 1 optim")]["measured"] == 8 * 86 + 4 * 6  # AdamW: two moments, a step each
+    assert rows[("gradients", "DDP: elements not a sum of the ranks' gradients / N")]["measured"] == 0
+
+
+def test_zero_redundancy_partitions_three_linears_greedily() -> None:
+    code, doc = run_json([*LINEARS, "--strategy", "torch-zero"])
+    assert code == 0
+    _agrees(doc)
+    rows = _rows(doc)
+    # largest first, each to the lightest rank (ties to the lower): 36 → 0, 24 → 1, 12 → 1, 6 → 0, 6 → 1, 2 → 0
+    assert rows[("partition", "rank 0 updates")]["measured"] == "44 elements in 3 parameters"
+    assert rows[("partition", "rank 1 updates")]["measured"] == "42 elements in 3 parameters"
+    assert rows[("memory", "rank 0 optim")]["measured"] == 8 * 44 + 4 * 3
+    assert rows[("memory", "rank 1 optim")]["measured"] == 8 * 42 + 4 * 3
+    assert rows[("collectives", "broadcast in the optimizer's step")]["measured"] == "6, 86 elements"
+    assert rows[("gradients", "parameters bitwise equal to DDP's")]["measured"] == 6
+
+
+def test_ddp_broadcasts_the_buffers_before_each_forward_one_tensor_per_dtype() -> None:
+    code, doc = run_json([f"{FACTORIES}:normed", "--input", f"{FACTORIES}:batch", "--strategy", "ddp"])
+    assert code == 0
+    _agrees(doc)
+    # running_mean and running_var (12 float32) in one flat tensor, num_batches_tracked (1 int64) in another
+    assert _rows(doc)[("collectives", "broadcast in forward")]["measured"] == "2, 13 elements"
+
+
+def test_no_shard_keeps_each_flat_parameter_whole_and_all_reduces_it() -> None:
+    code, doc = run_json([*LINEARS, "--strategy", "no-shard", "--wrap", "Linear"])
+    assert code == 0
+    _agrees(doc)
+    rows = _rows(doc)
+    # 24 + 6: the bias starts at element 24, a multiple of 4 (16 bytes), so no alignment padding and no shard
+    assert rows[("layout", "0")]["measured"] == "30 = 30 + 0 padding; shard 30"
+    assert rows[("collectives", "all_reduce in backward")]["measured"] == "3, 86 elements"
+    assert not [k for k in rows if k[0] == "collectives" and "all_gather" in k[1]]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("factory", "batch", "wrap", "ranks", "strategy"),
     [("gpt2", "gpt2_batch", "GPT2Block", "2", "full-shard"), ("gpt2", "gpt2_batch", "GPT2Block", "4", "full-shard"),
-     ("gpt2", "gpt2_batch", "GPT2Block", "4", "fsdp2-default"),
+     ("gpt2", "gpt2_batch", "GPT2Block", "4", "fsdp2-default"), ("gpt2", "gpt2_batch", "none", "4", "ddp"),
      ("resnet18", "image_batch", "ResNetBasicLayer", "2", "full-shard"),
-     ("resnet18", "image_batch", "ResNetBasicLayer", "2", "fsdp2")],
+     ("resnet18", "image_batch", "ResNetBasicLayer", "2", "fsdp2"),
+     ("resnet18", "image_batch", "ResNetBasicLayer", "2", "no-shard"),
+     ("resnet18", "image_batch", "none", "2", "ddp"), ("resnet18", "image_batch", "none", "4", "torch-zero")],
 )  # fmt: skip
 def test_hugging_face_models_are_measured_as_predicted(factory: str, batch: str, wrap: str, ranks: str,
                                                        strategy: str) -> None:  # fmt: skip
@@ -128,7 +191,12 @@ def test_meta_inspects_a_billion_parameter_gpt2_with_no_run() -> None:
         ([f"{FACTORIES}:three_linears", "--input", f"{FACTORIES}:batch", "-n", "3"], "-n 2 or 4"),
         (
             [f"{FACTORIES}:three_linears", "--input", f"{FACTORIES}:batch", "--strategy", "zero2"],
-            "a run measures full-shard, shard-grad-op, fsdp2, fsdp2-default, fsdp2-no-reshard, not zero2",
+            "a run measures ddp, torch-zero, full-shard, shard-grad-op, no-shard, fsdp2, fsdp2-default, "
+            "fsdp2-no-reshard, not zero2",
+        ),
+        (
+            [f"{FACTORIES}:three_linears", "--input", f"{FACTORIES}:batch", "--strategy", "ddp", "--wrap", "Linear"],
+            "--wrap Linear picks FSDP units, and ddp has none",
         ),
     ],
 )
@@ -161,8 +229,8 @@ def test_a_value_off_by_one_byte_or_one_collective_is_a_difference() -> None:
     want = [{"params": 8, "grads": 8, "optim": 20}]
     rows = compare.memory(want, [{"params": 8, "grads": 9, "optim": 20, "unsharded": 0, "buffers": 0}], buffers=0)
     assert [r.item for r in rows if not r.agrees] == ["rank 0 grads"]
-    gather = {"op": "all_gather", "numel": 16, "backward": False}
-    reduce = {"op": "reduce_scatter", "numel": 16, "backward": True}
+    gather = {"op": "all_gather", "numel": 16, "phase": "forward"}
+    reduce = {"op": "reduce_scatter", "numel": 16, "phase": "backward"}
     rows = compare.collectives([gather, reduce], [gather])
     missing = ["reduce_scatter in backward", "every payload (op, elements, phase)"]
     assert [r.item for r in rows if not r.agrees] == missing
@@ -218,3 +286,73 @@ def test_an_fsdp_that_sums_instead_of_averaging_is_a_difference(pool) -> None:
     assert not fsdp.agrees and fsdp.measured > 0
     assert rows["DDP: elements not a sum of the ranks' gradients / N"].agrees  # DDP does not call it
     assert not rows["parameters bitwise equal to DDP's"].agrees
+
+
+# -- the DDP rows can fail: a reducer that never rebuilds, buffers never broadcast, parameters never re-synced ---
+def _bent_report(pool, model: str, strategy: str, patch) -> list[compare.Row]:
+    from checks.inspect import predict as prediction
+    from checks.ranks.protocol import CheckRequest
+    from reader.commands.inspect import _buffers, _structure, _tree
+
+    kwargs = {"model": model, "batch": f"{FACTORIES}:batch", "wrap": None, "strategy": strategy}
+    run_ = pool.run(CheckRequest("checks.inspect.measure:measure", kwargs=kwargs, world_size=2, patches=(patch,)))
+    assert run_.ok, run_.failure
+    meta, shapes, buffer_bytes = _structure(model)
+    buffers = _buffers(meta)
+    want = prediction.predict(_tree(meta), shapes, None, strategy=strategy, world_size=2, buffers=buffers)
+    return compare.report(want, run_.values(), strategy=strategy, world_size=2, shapes=shapes, buffers=buffers,
+                          buffer_bytes=buffer_bytes)  # fmt: skip
+
+
+def _differing(rows: list[compare.Row]) -> list[tuple[str, str]]:
+    return [(r.section, r.item) for r in rows if not r.agrees]
+
+
+def test_a_reducer_that_never_rebuilds_its_buckets_is_a_difference(pool) -> None:
+    from checks.breakit.patches import wrapping
+    from checks.guides.g19_ddp_buckets import pre_forward_without_rebuild
+
+    patch = wrapping("torch.nn.parallel.distributed:DistributedDataParallel._pre_forward",
+                     pre_forward_without_rebuild)  # fmt: skip
+    rows = _bent_report(pool, f"{FACTORIES}:three_linears", "ddp", patch)
+    # the first iteration's bucket holds the parameters in registration order; the rebuild's, in ready order
+    assert _differing(rows) == [("buckets", "parameters in each bucket, in order")]
+
+
+def test_buffers_never_broadcast_are_a_difference(pool) -> None:
+    from checks.breakit.patches import skipping
+
+    rows = _bent_report(pool, f"{FACTORIES}:normed", "ddp",
+                        skipping("torch.nn.parallel.distributed:DistributedDataParallel._sync_buffers"))  # fmt: skip
+    assert _differing(rows) == [("collectives", "broadcast in forward"),
+                                ("collectives", "every payload (op, elements, phase)")]  # fmt: skip
+
+
+def test_a_zero_redundancy_optimizer_that_never_syncs_its_parameters_is_a_difference(pool) -> None:
+    from checks.breakit.patches import skipping
+
+    patch = skipping("torch.distributed.optim.zero_redundancy_optimizer:ZeroRedundancyOptimizer._sync_params")
+    rows = _bent_report(pool, f"{FACTORIES}:three_linears", "torch-zero", patch)
+    assert _differing(rows) == [("collectives", "broadcast in the optimizer's step"),
+                                ("collectives", "every payload (op, elements, phase)")]  # fmt: skip
+
+
+def test_a_bucket_or_a_partition_off_by_one_parameter_is_a_difference() -> None:
+    from checks.inspect.predict import ddp_buckets
+
+    shapes = {"a": (4,), "b": (2,), "c": (3,)}
+    predicted = {"parameters": list(shapes), "sizes": [4, 2, 3], "buckets": ddp_buckets(shapes, [2, 1, 0])}
+    moved = {"ready": [2, 1, 0], "buckets": [[2, 1], [0]]}
+    assert [r.item for r in compare.buckets(predicted, moved) if not r.agrees] == [
+        "bucket 0", "bucket 1", "parameters in each bucket, in order"]  # fmt: skip
+    swapped = compare.partition([["a"], ["b", "c"]], [["b"], ["a", "c"]], {"a": 4, "b": 2, "c": 3})
+    assert [r.item for r in swapped if not r.agrees] == ["rank 0 updates", "rank 1 updates", "which parameters"]
+
+
+def test_views_of_a_ddp_run_show_the_buffer_broadcasts_and_no_flat_parameter() -> None:
+    argv = [f"{FACTORIES}:normed", "--input", f"{FACTORIES}:batch", "--strategy", "ddp", "--view", "layout",
+            "--view", "memory", "--view", "timeline"]  # fmt: skip
+    code, out = run(argv, width=100)
+    assert code == 0
+    assert "no flat parameter to draw" in out and "bytes held over the third step" in out
+    assert "broadcast 12 fp32 (48 B)" in out and "broadcast 1 int64 (8 B)" in out
