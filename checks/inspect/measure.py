@@ -26,7 +26,7 @@ from checks.guides.g06_backward_prefetch import HOOK_KINDS, recorded_post_forwar
 from checks.guides.g13_zero_stages import make
 from checks.guides.g20_auto_wrap import fsdp1_units, torch_policy
 from checks.inspect import loading
-from checks.inspect.predict import DDP, FSDP1, FSDP2, modes
+from checks.inspect.predict import DDP, FSDP1, FSDP2, REFERENCE, group_paths, modes
 from checks.inspect.tree import classes_of, module_paths, tree_of
 from checks.naming import ROOT, clean
 from checks.probes import record_comm, record_events
@@ -157,6 +157,9 @@ def measure(
             return _fsdp2(fresh, ctx, wrap, FSDP2[strategy])
         return _fsdp1(fresh, ctx, wrap, FSDP1[strategy], mode)
 
+    if strategy in REFERENCE:
+        return _reference(ctx, model, build, make_batch, wrap=wrap, strategy=strategy, optimizer=optimizer,
+                          buffers=buffers)  # fmt: skip
     first = wrapped()
     optim = _optimizer(strategy, optimizer, first)
     out = {**steady_step(ctx, first, optim, make_batch), "prefetch": {}}
@@ -176,6 +179,56 @@ def measure(
     return out
 
 
+class _Engine:
+    """A reference ZeRO stage (`checks.zero`) stepped as an optimizer is, so that the steady step runs it."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def step(self) -> None:
+        self.engine.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.engine.zero_grad()
+
+
+def _reference(ctx: RankContext, spec: str, build: Callable[[], Any], make_batch: Callable[[], Any], *,
+               wrap: dict[str, Any] | None, strategy: str, optimizer: str, buffers: int) -> dict[str, Any]:  # fmt: skip
+    """A reference ZeRO stage on the user's model, its groups the policy's units (`checks.inspect.predict`):
+    its groups and their flat layout, the bytes it holds (its own shards included, `g13.held_bytes`), a steady
+    step's collectives and its gradients against DDP's."""
+    from functools import partial
+
+    from checks.guides.g13_zero_stages import Trained, held_bytes
+    from checks.guides.g20_auto_wrap import model_policy
+    from checks.models import wrap as wm
+    from checks.zero import STAGES
+
+    def engine() -> Any:
+        model = loading.build_for_real(spec, build).to(ctx.device)
+        paths = group_paths(wm.wrap(tree_of(model), model_policy(wrap)))
+        return STAGES[REFERENCE[strategy]](model, paths, make_optimizer=partial(make, optimizer, lr=LR))
+
+    first = engine()
+    trained = Trained(strategy, first.model, first.optim, first.step, first.zero_grad, first.full_params,
+                      first.full_grads, first.held)  # fmt: skip
+    out = steady_step(ctx, first.model, _Engine(first), make_batch, held=lambda: held_bytes(trained))
+    out["units"] = {g.name: {"type": type(first.model.get_submodule("" if g.name == ROOT else g.name)).__name__,
+                             "params": [[_relative(n, g.name), p.numel()] for n, p in zip(g.names, g.params,
+                                                                                       strict=True)]}
+                    for g in first.groups}  # fmt: skip
+    out["layout"] = {g.name: {"numel": g.numel, "padded": g.padded, "shard": g.shard_numel,
+                              "padding": g.padded - g.numel} for g in first.groups}  # fmt: skip
+    out["prefetch"], out["buffers_unwrapped"] = {}, buffers
+    fresh = [loading.build_for_real(spec, build) for _ in range(2)]
+    out["gradients"] = gradients_against_ddp(ctx, make_batch, local=fresh[0], reference=fresh[1], sharded=engine())
+    return out
+
+
+def _relative(name: str, group: str) -> str:
+    return clean(name) if group == ROOT else clean(name).removeprefix(group + ".")
+
+
 def _optimizer(strategy: str, name: str, wrapped: nn.Module) -> torch.optim.Optimizer:
     """``name`` over the wrapped model's parameters; for torch-zero, ZeroRedundancyOptimizer around it."""
     if strategy != "torch-zero":
@@ -189,9 +242,14 @@ def _optimizer(strategy: str, name: str, wrapped: nn.Module) -> torch.optim.Opti
 
 
 def post_forward_order(model: nn.Module) -> list[str]:
-    """The units in the order torch recorded their post-forwards this iteration (read before backward clears it)."""
+    """The units in the order torch recorded their post-forwards this iteration (read before backward clears it);
+    none for a model FSDP does not wrap (DDP, a reference ZeRO stage)."""
+    from torch.distributed.fsdp import FSDPModule
+
     if hasattr(model, "_exec_order_data"):
         return recorded_post_forward(model)[0]
+    if not isinstance(model, FSDPModule):
+        return []
     from checks.guides.g17_fsdp2_prefetch import torch_post_forward_order
 
     return torch_post_forward_order(model)
@@ -242,18 +300,20 @@ def _global_numel(module: nn.Module, name: str, sizes: dict[str, int]) -> int:
     return int(torch.Size(param.shape).numel()) if param is not None else sizes[name]
 
 
-def steady_step(ctx: RankContext, wrapped: nn.Module, optim: torch.optim.Optimizer,
-                make_batch: Callable[[], Any]) -> dict[str, Any]:  # fmt: skip
+def steady_step(ctx: RankContext, wrapped: nn.Module, optim: Any, make_batch: Callable[[], Any],
+                held: Callable[[], dict[str, int]] | None = None) -> dict[str, Any]:  # fmt: skip
     """What FSDP built (units, layout; DDP: buckets), the bytes a rank holds after one step with its gradients
     kept, and the collectives of a steady step, each with its phase (forward, backward, or the optimizer's step):
     the second (lazy initialisation and the optimizer's state are the first's), or under DDP the third (the
-    second's forward rebuilds the buckets, over the first's gradient-ready order)."""
+    second's forward rebuilds the buckets, over the first's gradient-ready order). ``held``: what a rank holds,
+    when the probe's snapshot cannot see it (the reference ZeRO stages' shards)."""
     is_ddp = hasattr(wrapped, "reducer")
+    account = held or (lambda: snapshot(wrapped, optim).by_category)
     steps: list[int] = []
 
     def step(number: int, comm: Any = None) -> list[str]:
         output = call(wrapped, batch_of(make_batch, ctx, number))
-        order = post_forward_order(wrapped) if not is_ddp else []
+        order = post_forward_order(wrapped)
         loss_of(output).backward()
         before = len(comm) if comm is not None else 0
         optim.step()
@@ -263,7 +323,7 @@ def steady_step(ctx: RankContext, wrapped: nn.Module, optim: torch.optim.Optimiz
 
     with record_grad_ready(wrapped) if is_ddp else _nothing() as ready:
         step(0)
-        held = snapshot(wrapped, optim).by_category
+        after_one = account()
         optim.zero_grad(set_to_none=True)
         if is_ddp:
             step(1)
@@ -273,16 +333,20 @@ def steady_step(ctx: RankContext, wrapped: nn.Module, optim: torch.optim.Optimiz
             record_events(wrapped, label="inspect: a steady step"),
             record_memory_series(wrapped, optim) as recorder,  # its points: FSDP1's hooks only
         ):
+            points = [("start", account())]
             recorder.mark("start")
             order = step(2 if is_ddp else 1, comm)
             recorder.mark("after step")
+            points.append(("after step", account()))
     in_step = set(steps)
     out = {
         "units": _units(wrapped),
         "layout": _layout(wrapped),
         "diagrams": diagrams(wrapped, ctx) if hasattr(wrapped, "_exec_order_data") else {},
-        "series": {f"bytes held over the {'third' if is_ddp else 'second'} step": recorder.series.points},
-        "memory": held,
+        "series": {
+            f"bytes held over the {'third' if is_ddp else 'second'} step": points if held else recorder.series.points
+        },
+        "memory": after_one,
         "collectives": [
             {
                 "op": c.op,
@@ -343,7 +407,8 @@ def gradients_against_ddp(
     want = {clean(n): p.grad.detach().clone() for n, p in ddp.module.named_parameters() if p.grad is not None}
     grads = {}
     if sharded is not None:
-        loss_of(call(sharded, batch_of(make_batch, ctx, 0))).backward()
+        module = sharded if isinstance(sharded, nn.Module) else sharded.model  # a reference ZeRO stage's model
+        loss_of(call(module, batch_of(make_batch, ctx, 0))).backward()
         grads = _whole_grads(sharded)
     missing = sorted((set(want) ^ set(grads) if sharded is not None else set()) | set(names) ^ set(want))
     outside = {}
@@ -368,7 +433,9 @@ def gradients_against_ddp(
     }
 
 
-def _whole_grads(model: nn.Module) -> dict[str, torch.Tensor]:
+def _whole_grads(model: Any) -> dict[str, torch.Tensor]:
+    if not isinstance(model, nn.Module):  # a reference ZeRO stage: its shards gathered (a collective)
+        return {clean(n): g for n, g in model.full_grads().items()}
     if hasattr(model, "reducer"):  # DDP (under ZeroRedundancyOptimizer): whole gradients on every rank
         return {clean(n): p.grad.detach().clone() for n, p in model.module.named_parameters() if p.grad is not None}
     if hasattr(model, "_exec_order_data"):

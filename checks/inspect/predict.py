@@ -35,11 +35,12 @@ from checks.models.zero_partition import greedy_partition
 from checks.naming import ROOT
 
 # The strategies a run measures: torch's own (DDP, with ZeroRedundancyOptimizer, FSDP1's three sharding
-# strategies, FSDP2 with each reshard_after_forward); guide 13's reference ZeRO stages are mini_gpt's only.
+# strategies, FSDP2 with each reshard_after_forward) and guide 13's reference ZeRO stages (`checks.zero`).
 DDP = {"ddp": "DDP", "torch-zero": "DDP + ZeroRedundancyOptimizer"}
 FSDP1 = {"full-shard": "FULL_SHARD", "shard-grad-op": "SHARD_GRAD_OP", "no-shard": "NO_SHARD"}
 FSDP2 = dict(comm_volume.FSDP2)  # strategy -> reshard_after_forward
-MEASURED = (*DDP, *FSDP1, *FSDP2)
+REFERENCE = {"zero1": 1, "zero2": 2, "zero3": 3}  # strategy -> stage
+MEASURED = (*DDP, *FSDP1, *FSDP2, *REFERENCE)
 FSDP1_MODES = ("BACKWARD_PRE", "BACKWARD_POST", None)
 FSDP2_MODES = ("implicit",)
 ELEMENT_BYTES = 4  # fp32: the run's parameters, gradients and collectives
@@ -57,6 +58,8 @@ def modes(strategy: str) -> tuple[str | None, ...]:
 
 def label(strategy: str) -> str:
     """What the report calls the wrapped model whose gradients it holds against DDP's."""
+    if strategy in REFERENCE:
+        return f"ZeRO-{REFERENCE[strategy]} (reference)"
     return DDP.get(strategy, "FSDP")
 
 
@@ -139,6 +142,8 @@ def predict(
     if strategy in DDP:
         return ddp(shapes, buffers, strategy=strategy, world_size=world_size, optimizer=optimizer)
     wrap = wm.wrap(tree, policy)
+    if strategy in REFERENCE:
+        return reference(tree, wrap, shapes, strategy=strategy, world_size=world_size, optimizer=optimizer)
     with_params = [u for u in wrap.units if u.params]
     params = parameters(wrap, shapes)
     by_unit = {u.name: [p.shape for p in params if p.unit == u.name] for u in with_params}
@@ -261,3 +266,68 @@ def ddp(shapes: Mapping[str, tuple[int, ...]], buffers: Sequence[db.Param], *, s
         "buckets": buckets,
         "partition": partition,
     }
+
+
+def group_paths(wrap: wm.Wrap) -> list[str]:
+    """The submodules the reference ZeRO stages make groups of their own: the policy's units but the root, in
+    construction order. Refused when one sits inside another: `checks.zero.groups.module_groups` gives each
+    parameter to the first group whose path prefixes it, which is FSDP's rule only for groups that do not nest."""
+    paths = [u.path for u in wrap.units if u.name != ROOT]
+    for inner in paths:
+        for outer in paths:
+            if inner != outer and inner.startswith(outer + "."):
+                raise ValueError(f"the reference ZeRO stages take groups that do not nest, and {inner} is inside "
+                                 f"{outer}: pick a --wrap whose units do not nest, or an FSDP strategy")  # fmt: skip
+    return paths
+
+
+def reference_groups(wrap: wm.Wrap, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, list[str]]:
+    """Each group's parameters by name (`checks.zero.groups.module_groups`' rule): every parameter, in
+    registration order, to the first group whose path prefixes its name, else to the root; the root first, and
+    only groups that hold a parameter."""
+    paths = group_paths(wrap)
+    members: dict[str, list[str]] = {ROOT: [], **{p: [] for p in paths}}
+    for name in shapes:
+        members[next((p for p in paths if name.startswith(p + ".")), ROOT)].append(name)
+    return {group: names for group, names in members.items() if names}
+
+
+def reference(tree: wm.Module, wrap: wm.Wrap, shapes: Mapping[str, tuple[int, ...]], *, strategy: str,
+              world_size: int, optimizer: str) -> dict[str, Any]:  # fmt: skip
+    """A reference ZeRO stage's step (`checks.zero`): one flat group per non-root unit and the root with the
+    rest, each padded to a multiple of N; memory from `checks.models.zero_memory.reference`, collectives from
+    ``estimate``'s model (`checks.models.cost.collectives`): ZeRO-1 and 2 reduce-scatter each group in backward
+    and all-gather the updated shards in the optimizer's step; ZeRO-3 gathers in forward and again in backward
+    (all but the root, which it keeps) and reduce-scatters."""
+    groups = reference_groups(wrap, shapes)
+    types = {u.name: u.type for u in wrap.units}
+    params = [Param(group, name, tuple(shapes[name])) for group, names in groups.items() for name in names]
+    units = [{"name": g, "type": types.get(g, tree.type), "params": [[_relative(n, g), math.prod(shapes[n])]
+              for n in names], "shared": []} for g, names in groups.items()]  # fmt: skip
+    layouts = {}
+    for g, names in groups.items():
+        numel = sum(math.prod(shapes[n]) for n in names)
+        padded = -(-numel // world_size) * world_size
+        layouts[g] = {"numel": numel, "padded": padded, "shard": padded // world_size, "padding": padded - numel}
+    volume = cost.collectives(cost.Plan(tuple(params), world_size, strategy, root=ROOT))
+    in_step = REFERENCE[strategy] < 3  # ZeRO-1 and 2 publish the updated shards after the step
+    collectives = [{"op": o.op, "numel": o.numel, "unit": o.unit, "phase": "backward" if o.backward else
+                    "step" if in_step and o.op == "all_gather" else "forward"} for o in volume.ops]  # fmt: skip
+    return {
+        "units": units,
+        "layout": layouts,
+        "memory": [
+            per_rank(strategy, params, world_size, rank, optim=optimizer).by_category() for rank in range(world_size)
+        ],
+        "collectives": collectives,
+        "logical_bytes": volume.logical,
+        "post_forward": [],
+        "root_params": ROOT in groups,
+        "modes": [],
+        "prefetch": {},
+        "groups": [g for g in groups if g != ROOT],
+    }
+
+
+def _relative(name: str, group: str) -> str:
+    return name if group == ROOT else name.removeprefix(group + ".")

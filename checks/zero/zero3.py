@@ -7,13 +7,15 @@ zero right after, exactly FSDP1's unshard and reshard (guide 03: ``_full_param_p
 it reads them.
 
 - forward: a group's pre-forward hook gathers it; its forward hook frees it (FULL_SHARD's
-  `_post_forward_reshard`), and registers a hook on the group's output that gathers it again when that output's
-  gradient arrives, the start of the group's backward (FSDP1's `_pre_backward_hook`, guide 07);
+  `_post_forward_reshard`), and registers a hook on each of the group's outputs that needs a gradient (a
+  tensor, or the tensors of a tuple, list or dict) that gathers it again when the first of their gradients
+  arrives, the start of the group's backward (FSDP1's `_pre_backward_hook`, guide 07);
 - backward: when the group's last gradient is in, reduce-scatter (ZeRO-2) and free the group's parameters (FSDP1's
   `_post_backward_hook` reshards there too);
 - the root group (everything outside the blocks: the embeddings, the last LayerNorm and the tied head) is used at
   both ends of forward; it is gathered in the model's pre-forward and kept until its gradients are reduced, as
-  FSDP1 keeps its root unsharded after forward (guide 03);
+  FSDP1 keeps its root unsharded after forward (guide 03). A model whose root holds no parameter of its own has
+  no root group;
 - ``prefetch=True``: a group's pre-forward also starts the next group's all-gather (asynchronously), and its
   pre-backward the previous group's, so one communication overlaps one group's compute (guides 04, 06). Off by
   default: on gloo it changes when memory is held, not what is computed.
@@ -29,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from checks.zero.groups import FlatGroup
 from checks.zero.zero2 import Zero2
@@ -40,8 +43,11 @@ class Zero3(Zero2):
     def __init__(self, model: nn.Module, groups: Any, *, prefetch: bool = False, **kwargs: Any) -> None:
         self.prefetch = prefetch
         super().__init__(model, groups, **kwargs)
-        self.root, *self.blocks = self.groups  # forward order of the blocks: the order `groups` names them
-        model.register_forward_pre_hook(lambda module, args: self._gather(self.root))
+        root = [g for g in self.groups if g.name == "root"]  # `module_groups`' root, first when it has parameters
+        self.root = root[0] if root else None
+        self.blocks = [g for g in self.groups if g.name != "root"]  # forward order: the order `groups` names them
+        if self.root is not None:
+            model.register_forward_pre_hook(lambda module, args: self._gather(self.root))
         for i, group in enumerate(self.blocks):
             module = self.modules[group.name]
             module.register_forward_pre_hook(lambda module, args, i=i: self._pre_forward(i))
@@ -83,9 +89,11 @@ class Zero3(Zero2):
         if self.prefetch and i + 1 < len(self.blocks):
             self._gather(self.blocks[i + 1], async_op=True)
 
-    def _post_forward(self, i: int, output: torch.Tensor) -> None:
-        if torch.is_grad_enabled() and output.requires_grad:
-            output.register_hook(lambda grad: self._pre_backward(i))
+    def _post_forward(self, i: int, output: Any) -> None:
+        if torch.is_grad_enabled():
+            for tensor in tree_leaves(output):  # gathering twice is a no-op: the first gradient to arrive gathers
+                if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+                    tensor.register_hook(lambda grad: self._pre_backward(i))
         self._free(self.blocks[i])
 
     def _pre_backward(self, i: int) -> None:

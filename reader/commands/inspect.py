@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.text import Text
 
 from checks.inspect import compare, loading, policy
-from checks.inspect.predict import DDP, MEASURED, predict
+from checks.inspect.predict import DDP, predict
 from checks.models import cost
 from checks.models.cost import STRATEGIES, Plan, PlanError
 from checks.models.zero_memory import OPTIMIZERS
@@ -36,7 +36,8 @@ EXAMPLES = """examples:
 rank calls it under its own seed. The run is on gloo, fp32: FSDP1 (use_orig_params=True) for --strategy
 full-shard, shard-grad-op or no-shard; FSDP2 (fully_shard on the modules the policy picks) for fsdp2,
 fsdp2-default, fsdp2-no-reshard; DDP for ddp, and with ZeroRedundancyOptimizer for torch-zero (no --wrap: DDP has
-no units). --meta predicts for every strategy estimate knows.
+no units); guide 13's reference ZeRO stages (checks/zero) for zero1, zero2, zero3, one group per unit the policy
+picks (units that do not nest). --meta predicts for every strategy estimate knows.
 exit: 0 every measured value is its prediction, 1 a difference (shown), 2 bad input"""
 
 VIEWS = ("layout", "memory", "timeline")
@@ -50,8 +51,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", metavar="MODULE:CALLABLE", help="a callable returning one batch (runs need it)")
     parser.add_argument("--wrap", default="none", help="none, size[:N], a count (1M), [module:]CLASS[,CLASS], "
                         "transformer:CLASS[,CLASS] (default: none, one unit)")  # fmt: skip
-    parser.add_argument("--strategy", default=None, help=f"one of {', '.join(STRATEGIES)} (a run: "
-                        f"{', '.join(MEASURED)}, default full-shard; --meta: all by default)")  # fmt: skip
+    parser.add_argument("--strategy", default=None, help=f"one of {', '.join(STRATEGIES)} (a run: default "
+                        "full-shard; --meta: all by default)")  # fmt: skip
     parser.add_argument("-n", "--world-size", type=int, default=2, help="ranks (a run: 2 or 4)")
     parser.add_argument("--precision", default="fp32", help="fp32 (a run), or mixed with --meta")
     parser.add_argument("--optimizer", default="adamw", choices=sorted(OPTIMIZERS))
@@ -147,8 +148,6 @@ def _runnable(args: argparse.Namespace, strategy: str, shapes: dict[str, tuple[i
               spec: dict[str, Any] | None) -> None:  # fmt: skip
     if args.input is None:
         raise ValueError("a run needs --input MODULE:CALLABLE (one batch for the model); --meta needs none")
-    if strategy not in MEASURED:
-        raise ValueError(f"a run measures {', '.join(MEASURED)}, not {strategy}; --meta predicts {strategy}")
     if strategy in DDP and spec is not None:
         raise ValueError(f"--wrap {args.wrap} picks FSDP units, and {strategy} has none: DDP all-reduces gradient "
                          "buckets; drop --wrap, or pick an FSDP strategy")  # fmt: skip

@@ -52,3 +52,34 @@ def normed() -> nn.Module:
     """Two Linear layers around a BatchNorm1d(6): buffers of 6 + 6 float32 elements and 1 int64 (its
     ``num_batches_tracked``), which DDP broadcasts before every forward."""
     return nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 2))
+
+
+def nested() -> nn.Module:
+    """A Sequential inside the root Sequential: ``--wrap Sequential,Linear`` makes units inside units."""
+    return nn.Sequential(nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 6)), nn.Linear(6, 2))
+
+
+class PairBlock(nn.Module):
+    """A Linear(4, 4) that returns a pair, as Hugging Face blocks return tuples: its output and a copy cut off from
+    the graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.linear(x)
+        return y, y.detach()
+
+
+class Pairs(nn.Module):
+    """Two `PairBlock` children and no parameter of its own: a root the reference ZeRO-3 keeps no group for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(PairBlock() for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x, _ = block(x)
+        return x

@@ -43,7 +43,9 @@ def _transformers() -> None:
 
 FSDP_SECTIONS = {"units", "layout", "memory", "collectives", "prefetch", "gradients"}
 DDP_SECTIONS = {"buckets", "memory", "collectives", "gradients"}
-SECTIONS = {"ddp": DDP_SECTIONS, "torch-zero": {*DDP_SECTIONS, "partition"}}
+ZERO_SECTIONS = {"units", "layout", "memory", "collectives", "gradients"}
+SECTIONS = {"ddp": DDP_SECTIONS, "torch-zero": {*DDP_SECTIONS, "partition"}, **dict.fromkeys(("zero1", "zero2",
+            "zero3"), ZERO_SECTIONS)}  # fmt: skip
 
 
 def _agrees(doc: dict) -> None:
@@ -133,6 +135,40 @@ def test_no_shard_keeps_each_flat_parameter_whole_and_all_reduces_it() -> None:
     assert not [k for k in rows if k[0] == "collectives" and "all_gather" in k[1]]
 
 
+def test_every_strategy_estimate_knows_is_one_a_run_measures() -> None:
+    from checks.inspect.predict import MEASURED
+    from checks.models.cost import STRATEGIES
+
+    assert sorted(MEASURED) == sorted(STRATEGIES)
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2", "zero3"])
+def test_the_reference_zero_stages_on_mini_gpt_hold_guide_13s_figures(strategy: str) -> None:
+    code, doc = run_json([f"{EXAMPLES}:mini_gpt_tiny", "--input", f"{EXAMPLES}:mini_gpt_batch", "--wrap", "Block",
+                          "--strategy", strategy])  # fmt: skip
+    assert code == 0
+    _agrees(doc)
+    rows = _rows(doc)
+    # 51,588 elements in four groups of even size: 25,794 per rank, no padding; AdamW's two moments over the
+    # shard and one step scalar per group's master tensor
+    assert rows[("memory", "rank 1 optim")]["measured"] == 8 * 25_794 + 4 * 4
+    assert rows[("memory", "rank 1 params")]["measured"] == 4 * (51_588 if strategy != "zero3" else 25_794)
+    assert rows[("memory", "rank 1 grads")]["measured"] == 4 * (51_588 if strategy == "zero1" else 25_794)
+    gathers = "all_gather in the optimizer's step" if strategy != "zero3" else "all_gather in forward"
+    assert rows[("collectives", gathers)]["measured"] == "4, 51,588 elements"
+
+
+def test_reference_zero3_gathers_blocks_that_return_pairs_under_a_root_without_parameters() -> None:
+    code, doc = run_json([f"{FACTORIES}:Pairs", "--input", f"{FACTORIES}:batch", "--wrap", "PairBlock",
+                          "--strategy", "zero3"])  # fmt: skip
+    assert code == 0
+    _agrees(doc)
+    rows = _rows(doc)
+    # no root group: both blocks (20 elements each) are freed after forward and gathered again in backward
+    assert [k[1] for k in rows if k[0] == "units"] == ["blocks.0", "blocks.1"]
+    assert rows[("collectives", "all_gather in backward")]["measured"] == "2, 40 elements"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("factory", "batch", "wrap", "ranks", "strategy"),
@@ -141,7 +177,8 @@ def test_no_shard_keeps_each_flat_parameter_whole_and_all_reduces_it() -> None:
      ("resnet18", "image_batch", "ResNetBasicLayer", "2", "full-shard"),
      ("resnet18", "image_batch", "ResNetBasicLayer", "2", "fsdp2"),
      ("resnet18", "image_batch", "ResNetBasicLayer", "2", "no-shard"),
-     ("resnet18", "image_batch", "none", "2", "ddp"), ("resnet18", "image_batch", "none", "4", "torch-zero")],
+     ("resnet18", "image_batch", "none", "2", "ddp"), ("resnet18", "image_batch", "none", "4", "torch-zero"),
+     ("gpt2", "gpt2_batch", "GPT2Block", "2", "zero3"), ("resnet18", "image_batch", "ResNetBasicLayer", "2", "zero2")],
 )  # fmt: skip
 def test_hugging_face_models_are_measured_as_predicted(factory: str, batch: str, wrap: str, ranks: str,
                                                        strategy: str) -> None:  # fmt: skip
@@ -190,9 +227,20 @@ def test_meta_inspects_a_billion_parameter_gpt2_with_no_run() -> None:
         ([f"{FACTORIES}:huge", "--input", f"{FACTORIES}:batch"], "use --meta"),
         ([f"{FACTORIES}:three_linears", "--input", f"{FACTORIES}:batch", "-n", "3"], "-n 2 or 4"),
         (
-            [f"{FACTORIES}:three_linears", "--input", f"{FACTORIES}:batch", "--strategy", "zero2"],
-            "a run measures ddp, torch-zero, full-shard, shard-grad-op, no-shard, fsdp2, fsdp2-default, "
-            "fsdp2-no-reshard, not zero2",
+            [f"{FACTORIES}:three_linears", "--input", f"{FACTORIES}:batch", "--strategy", "zero4"],
+            "unknown strategy 'zero4'; choose one of: ddp, torch-zero, zero1",
+        ),
+        (
+            [
+                f"{FACTORIES}:nested",
+                "--input",
+                f"{FACTORIES}:batch",
+                "--strategy",
+                "zero2",
+                "--wrap",
+                "Sequential,Linear",
+            ],
+            "the reference ZeRO stages take groups that do not nest, and 0.0 is inside 0",
         ),
         (
             [f"{FACTORIES}:three_linears", "--input", f"{FACTORIES}:batch", "--strategy", "ddp", "--wrap", "Linear"],
@@ -356,3 +404,11 @@ def test_views_of_a_ddp_run_show_the_buffer_broadcasts_and_no_flat_parameter() -
     assert code == 0
     assert "no flat parameter to draw" in out and "bytes held over the third step" in out
     assert "broadcast 12 fp32 (48 B)" in out and "broadcast 1 int64 (8 B)" in out
+
+
+def test_a_reference_zero_that_never_publishes_its_shards_is_a_difference(pool) -> None:
+    from checks.breakit.patches import skipping
+
+    rows = _bent_report(pool, f"{FACTORIES}:three_linears", "zero1", skipping("checks.zero.zero1:Zero1._publish"))
+    assert _differing(rows) == [("collectives", "all_gather in the optimizer's step"),
+                                ("collectives", "every payload (op, elements, phase)")]  # fmt: skip
