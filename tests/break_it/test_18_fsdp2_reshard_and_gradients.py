@@ -198,3 +198,39 @@ def test_a_waiting_gradient_left_in_bf16_is_caught(broken) -> None:
 def test_gradients_reduced_in_bf16_are_caught(broken) -> None:
     run = broken(wrapping(f"{PARAM}.init_dtype_attrs", reduce_in_bf16))
     assert (run.reason, run.details["impl"]) == ("losses-differ", "fsdp2")
+
+
+# The tied-fp16 counts are held within the guide's count_slack of its figures, torch-free: a count one past the slack, a
+# changed element count or changed words fail for the figures' reason.
+SLACK = 3  # the tied-fp16 claims' count_slack
+COUNTS = "tok_emb.weight  1,152 elements  the orders differ on 337: rank 0's rows on 192, rank 1's rows on 145"
+
+
+@pytest.mark.parametrize(
+    "seen",
+    [
+        COUNTS.replace("337", "336").replace("192", "191"),  # another CPU's kernels (measured)
+        COUNTS.replace("337", "340").replace("145", "142"),  # the slack, each way
+    ],
+)
+def test_tied_counts_within_the_slack_hold(seen: str) -> None:
+    from checks.guides.g18_fsdp2_reshard_and_gradients import _require_counts_near
+
+    _require_counts_near(seen, COUNTS, SLACK)
+
+
+@pytest.mark.parametrize(
+    "seen",
+    [
+        COUNTS.replace("337", "341"),  # one past the slack
+        COUNTS.replace("1,152", "1,151"),  # the element count is exact
+        COUNTS.replace("rank 1's rows", "rank 1's columns"),  # other words
+    ],
+)
+def test_tied_counts_past_the_slack_fail_for_the_figures_reason(seen: str) -> None:
+    from checks.guides.g18_fsdp2_reshard_and_gradients import _require_counts_near
+    from checks.violation import Violation
+
+    with pytest.raises(Violation) as failure:
+        _require_counts_near(seen, COUNTS, SLACK)
+    assert failure.value.reason == "figures-differ"
