@@ -41,10 +41,10 @@ def report(
     world_size: int,
     shapes: Mapping[str, tuple[int, ...]],
     buffers: Sequence[db.Param],
-    buffer_bytes: int,
 ) -> list[Row]:
     """Every row of a run's report: `checks.inspect.predict.predict`'s ``prediction`` against each rank's
-    measurements (``measured``, rank 0 first), section by section. Torch's own orders are inputs where a model
+    measurements (``measured``, rank 0 first), section by section; ``buffers``: the model's, as DDP broadcasts
+    them. Torch's own orders are inputs where a model
     takes them: the post-forward order (FSDP's prefetches) and the gradient-ready order (DDP's buckets)."""
     first = measured[0]
     if strategy in DDP:
@@ -59,7 +59,7 @@ def report(
         *layout(prediction["layout"], first["layout"]),
         *(buckets(prediction, first) if strategy in DDP else []),
         *(partition(prediction["partition"], first["partition"], sizes) if strategy == "torch-zero" else []),
-        *memory(prediction["memory"], [m["memory"] for m in measured], buffer_bytes),
+        *memory(prediction["memory"], [m["memory"] for m in measured], sum(b.nbytes for b in buffers)),
         *collectives(prediction["collectives"], first["collectives"]),
         *prefetch(prediction, first["prefetch"], repredict),
         *gradients(first["gradients"], world_size, None if strategy == "ddp" else label(strategy)),

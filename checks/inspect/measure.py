@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,7 +26,7 @@ from checks.guides.g06_backward_prefetch import HOOK_KINDS, recorded_post_forwar
 from checks.guides.g13_zero_stages import make
 from checks.guides.g20_auto_wrap import fsdp1_units, torch_policy
 from checks.inspect import loading
-from checks.inspect.predict import DDP, FSDP1, FSDP2, REFERENCE, group_paths, modes
+from checks.inspect.predict import DDP, FSDP1, FSDP2, REFERENCE, group_paths, modes, relative_name
 from checks.inspect.tree import classes_of, module_paths, tree_of
 from checks.naming import ROOT, clean
 from checks.probes import record_comm, record_events
@@ -144,7 +144,6 @@ def measure(
         raise
     except Exception as exc:
         raise BatchRejected(f"{model} rejected the batch of {batch}: {type(exc).__name__}: {exc}") from exc
-    buffers = sum(b.numel() * b.element_size() for b in plain.buffers())
     del plain
 
     def wrapped(mode: str | None = "BACKWARD_PRE") -> nn.Module:
@@ -158,12 +157,10 @@ def measure(
         return _fsdp1(fresh, ctx, wrap, FSDP1[strategy], mode)
 
     if strategy in REFERENCE:
-        return _reference(ctx, model, build, make_batch, wrap=wrap, strategy=strategy, optimizer=optimizer,
-                          buffers=buffers)  # fmt: skip
+        return _reference(ctx, model, build, make_batch, wrap=wrap, strategy=strategy, optimizer=optimizer)
     first = wrapped()
     optim = _optimizer(strategy, optimizer, first)
     out = {**steady_step(ctx, first, optim, make_batch), "prefetch": {}}
-    out["buffers_unwrapped"] = buffers
     for mode in modes(strategy):
         model_ = wrapped(None if mode in ("None", "implicit") else mode)
         output = call(model_, batch_of(make_batch, ctx, 0))
@@ -193,7 +190,7 @@ class _Engine:
 
 
 def _reference(ctx: RankContext, spec: str, build: Callable[[], Any], make_batch: Callable[[], Any], *,
-               wrap: dict[str, Any] | None, strategy: str, optimizer: str, buffers: int) -> dict[str, Any]:  # fmt: skip
+               wrap: dict[str, Any] | None, strategy: str, optimizer: str) -> dict[str, Any]:  # fmt: skip
     """A reference ZeRO stage on the user's model, its groups the policy's units (`checks.inspect.predict`):
     its groups and their flat layout, the bytes it holds (its own shards included, `g13.held_bytes`), a steady
     step's collectives and its gradients against DDP's."""
@@ -214,19 +211,15 @@ def _reference(ctx: RankContext, spec: str, build: Callable[[], Any], make_batch
                       first.full_grads, first.held)  # fmt: skip
     out = steady_step(ctx, first.model, _Engine(first), make_batch, held=lambda: held_bytes(trained))
     out["units"] = {g.name: {"type": type(first.model.get_submodule("" if g.name == ROOT else g.name)).__name__,
-                             "params": [[_relative(n, g.name), p.numel()] for n, p in zip(g.names, g.params,
+                             "params": [[relative_name(n, g.name), p.numel()] for n, p in zip(g.names, g.params,
                                                                                        strict=True)]}
                     for g in first.groups}  # fmt: skip
     out["layout"] = {g.name: {"numel": g.numel, "padded": g.padded, "shard": g.shard_numel,
                               "padding": g.padded - g.numel} for g in first.groups}  # fmt: skip
-    out["prefetch"], out["buffers_unwrapped"] = {}, buffers
+    out["prefetch"] = {}
     fresh = [loading.build_for_real(spec, build) for _ in range(2)]
     out["gradients"] = gradients_against_ddp(ctx, make_batch, local=fresh[0], reference=fresh[1], sharded=engine())
     return out
-
-
-def _relative(name: str, group: str) -> str:
-    return clean(name) if group == ROOT else clean(name).removeprefix(group + ".")
 
 
 def _optimizer(strategy: str, name: str, wrapped: nn.Module) -> torch.optim.Optimizer:
@@ -321,7 +314,7 @@ def steady_step(ctx: RankContext, wrapped: nn.Module, optim: Any, make_batch: Ca
             steps.extend(range(before, len(comm)))
         return order
 
-    with record_grad_ready(wrapped) if is_ddp else _nothing() as ready:
+    with record_grad_ready(wrapped) if is_ddp else contextlib.nullcontext() as ready:
         step(0)
         after_one = account()
         optim.zero_grad(set_to_none=True)
@@ -351,12 +344,10 @@ def steady_step(ctx: RankContext, wrapped: nn.Module, optim: Any, make_batch: Ca
             {
                 "op": c.op,
                 "numel": c.numel,
-                "dtype": str(c.dtype).removeprefix("torch."),
                 "phase": "step" if i in in_step else "backward" if c.in_backward else "forward",
             }
             for i, c in enumerate(comm)
         ],
-        "ring_bytes": float(comm.ring_bytes()),
         "post_forward": [u for u in order if u != ROOT],
     }
     if is_ddp:
@@ -366,11 +357,6 @@ def steady_step(ctx: RankContext, wrapped: nn.Module, optim: Any, make_batch: Ca
         out["buckets"] = reducer_buckets(wrapped)
         out["partition"] = _partition(wrapped, optim)
     return out
-
-
-@contextlib.contextmanager
-def _nothing() -> Iterator[None]:
-    yield None
 
 
 def _partition(ddp: nn.Module, optim: torch.optim.Optimizer) -> list[list[str]] | None:

@@ -171,7 +171,6 @@ def predict(
         "layout": layouts,
         "memory": memory,
         "collectives": collectives,
-        "logical_bytes": volume.logical,
         "post_forward": order,
         "root_params": root_params,
         "modes": [str(m) for m in modes(strategy)],
@@ -179,19 +178,12 @@ def predict(
     }
 
 
-def reverse_registration(count: int) -> list[int]:
-    """DDP's gradient-ready order before torch's is known (see the module docstring): parameter indices, last
-    first."""
-    return list(reversed(range(count)))
-
-
 def with_ready_order(prediction: dict[str, Any], shapes: Mapping[str, tuple[int, ...]], buffers: Sequence[db.Param],
                      ready: Sequence[int]) -> dict[str, Any]:  # fmt: skip
     """A DDP prediction over the gradient-ready order ``ready`` (parameter indices): its buckets and collectives."""
     buckets = ddp_buckets(shapes, ready)
     collectives = ddp_collectives(shapes, buckets, buffers, prediction["partition"])
-    return {**prediction, "ready": list(ready), "buckets": buckets, "collectives": collectives,
-            "logical_bytes": sum(o["numel"] * o["element_bytes"] for o in collectives)}  # fmt: skip
+    return {**prediction, "buckets": buckets, "collectives": collectives}
 
 
 def ddp_buckets(shapes: Mapping[str, tuple[int, ...]], ready: Sequence[int] | None = None) -> list[list[int]]:
@@ -199,7 +191,7 @@ def ddp_buckets(shapes: Mapping[str, tuple[int, ...]], ready: Sequence[int] | No
     order of the first (`checks.models.ddp_buckets.rebuilt_buckets`), as parameter indices in registration
     order."""
     params = [db.Param(math.prod(s)) for s in shapes.values()]
-    order = list(ready) if ready is not None else reverse_registration(len(params))
+    order = list(ready) if ready is not None else list(reversed(range(len(params))))  # before torch's is known
     return db.rebuilt_buckets(params, order)
 
 
@@ -210,11 +202,10 @@ def buffer_broadcasts(buffers: Sequence[db.Param]) -> list[db.Param]:
     if not buffers:
         return []
     buckets = db.assign(buffers, [BROADCAST_BUCKET_BYTES])
-    out = []
-    for bucket in buckets:
-        first = buffers[bucket[0]]
-        out.append(db.Param(sum(buffers[i].numel for i in bucket), first.element_size, first.dtype))
-    return out
+    first = [buffers[bucket[0]] for bucket in buckets]
+    return [
+        db.Param(n, b.element_size, b.dtype) for n, b in zip(db.bucket_numels(buffers, buckets), first, strict=True)
+    ]
 
 
 def ddp_collectives(
@@ -227,14 +218,11 @@ def ddp_collectives(
     ZeroRedundancyOptimizer (``partition``) one broadcast per parameter in the step, each from its owner
     (``_sync_params``: ``parameters_as_bucket_view=False``, the default)."""
     numels = [math.prod(s) for s in shapes.values()]
-    ops = [{"op": "broadcast", "numel": b.numel, "phase": "forward", "dtype": b.dtype,
-            "element_bytes": b.element_size}
-           for b in buffer_broadcasts(buffers)]  # fmt: skip
-    ops += [{"op": "all_reduce", "numel": sum(numels[i] for i in bucket), "phase": "backward", "dtype": "float32",
-             "element_bytes": ELEMENT_BYTES} for bucket in buckets]  # fmt: skip
+    ops = [{"op": "broadcast", "numel": b.numel, "phase": "forward"} for b in buffer_broadcasts(buffers)]
+    ops += [{"op": "all_reduce", "numel": sum(numels[i] for i in bucket), "phase": "backward"} for bucket in buckets]
     if partition is not None:
-        ops += [{"op": "broadcast", "numel": math.prod(shapes[name]), "phase": "step", "dtype": "float32",
-                 "element_bytes": ELEMENT_BYTES} for owned in partition for name in owned]  # fmt: skip
+        ops += [{"op": "broadcast", "numel": math.prod(shapes[name]), "phase": "step"}
+                for owned in partition for name in owned]  # fmt: skip
     return ops
 
 
@@ -255,14 +243,12 @@ def ddp(shapes: Mapping[str, tuple[int, ...]], buffers: Sequence[db.Param], *, s
             per_rank(strategy, params, world_size, rank, optim=optimizer).by_category() for rank in range(world_size)
         ],
         "collectives": collectives,
-        "logical_bytes": sum(o["numel"] * o["element_bytes"] for o in collectives),
         "post_forward": [],
         "root_params": True,
         "modes": [],
         "prefetch": {},
         "parameters": list(shapes),
         "sizes": [math.prod(s) for s in shapes.values()],
-        "ready": reverse_registration(len(shapes)),
         "buckets": buckets,
         "partition": partition,
     }
@@ -302,7 +288,7 @@ def reference(tree: wm.Module, wrap: wm.Wrap, shapes: Mapping[str, tuple[int, ..
     groups = reference_groups(wrap, shapes)
     types = {u.name: u.type for u in wrap.units}
     params = [Param(group, name, tuple(shapes[name])) for group, names in groups.items() for name in names]
-    units = [{"name": g, "type": types.get(g, tree.type), "params": [[_relative(n, g), math.prod(shapes[n])]
+    units = [{"name": g, "type": types.get(g, tree.type), "params": [[relative_name(n, g), math.prod(shapes[n])]
               for n in names], "shared": []} for g, names in groups.items()]  # fmt: skip
     layouts = {}
     for g, names in groups.items():
@@ -320,7 +306,6 @@ def reference(tree: wm.Module, wrap: wm.Wrap, shapes: Mapping[str, tuple[int, ..
             per_rank(strategy, params, world_size, rank, optim=optimizer).by_category() for rank in range(world_size)
         ],
         "collectives": collectives,
-        "logical_bytes": volume.logical,
         "post_forward": [],
         "root_params": ROOT in groups,
         "modes": [],
@@ -329,5 +314,6 @@ def reference(tree: wm.Module, wrap: wm.Wrap, shapes: Mapping[str, tuple[int, ..
     }
 
 
-def _relative(name: str, group: str) -> str:
+def relative_name(name: str, group: str) -> str:
+    """A parameter's name inside its reference ZeRO group's module (the whole name in the root's)."""
     return name if group == ROOT else name.removeprefix(group + ".")

@@ -67,7 +67,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, console: Console) -> int:
     try:
         meta, shapes, buffers = _structure(args.model)
-        buffer_sizes = _buffers(meta)
         spec = _policy(args.wrap, meta)
         tree = _tree(meta)
         from checks.guides.g20_auto_wrap import model_policy
@@ -77,7 +76,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             return _meta_report(args, console, tree, shapes, model_policy=model_policy(spec), strategy=strategy)
         _runnable(args, strategy, shapes, spec)
         prediction = predict(tree, shapes, model_policy(spec), strategy=strategy, world_size=args.world_size,
-                             optimizer=args.optimizer, buffers=buffer_sizes)  # fmt: skip
+                             optimizer=args.optimizer, buffers=buffers)  # fmt: skip
     except (loading.LoadError, PlanError, ValueError) as exc:
         return _error(console, str(exc))
     if not 0 <= args.rank < args.world_size:
@@ -88,7 +87,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     measured, captured = outcome
 
     rows = compare.report(prediction, measured, strategy=strategy, world_size=args.world_size, shapes=shapes,
-                          buffers=buffer_sizes, buffer_bytes=buffers)  # fmt: skip
+                          buffers=buffers)  # fmt: skip
     agree = all(row.agrees for row in rows)
     if args.json:
         doc = {"model": args.model, "policy": policy.describe(spec), "strategy": strategy,
@@ -100,21 +99,17 @@ def run(args: argparse.Namespace, console: Console) -> int:
     return CLEAN if agree else FAILED
 
 
-def _buffers(model: Any) -> list[Any]:
-    """Each buffer DDP broadcasts, in ``named_buffers()`` order (a shared one once): elements, size, dtype."""
-    from checks.models.ddp_buckets import Param
-
-    return [Param(b.numel(), b.element_size(), str(b.dtype).removeprefix("torch.")) for b in model.buffers()]
-
-
 def _error(console: Console, message: str) -> int:
     console.print(Text.assemble(("error: ", "bold red"), message), soft_wrap=False)
     return BROKEN
 
 
-def _structure(spec: str) -> tuple[Any, dict[str, tuple[int, ...]], int]:
+def _structure(spec: str) -> tuple[Any, dict[str, tuple[int, ...]], list[Any]]:
     """The model on meta (or, when it cannot be built there, on the CPU, where a factory that raises says why),
-    each parameter's shape (a tied one once) and its buffers' bytes."""
+    each parameter's shape (a tied one once) and each buffer DDP broadcasts, in ``named_buffers()`` order (a
+    shared one once): elements, size, dtype."""
+    from checks.models.ddp_buckets import Param
+
     build, _ = loading.factory(spec)
     try:
         model = loading.build_on_meta(spec, build)
@@ -123,7 +118,7 @@ def _structure(spec: str) -> tuple[Any, dict[str, tuple[int, ...]], int]:
     shapes = {clean(n): tuple(p.shape) for n, p in model.named_parameters()}
     if not shapes:
         raise loading.LoadError(f"{spec} has no parameters: there is nothing to shard")
-    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    buffers = [Param(b.numel(), b.element_size(), str(b.dtype).removeprefix("torch.")) for b in model.buffers()]
     return model, shapes, buffers
 
 

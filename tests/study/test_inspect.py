@@ -340,16 +340,14 @@ def test_an_fsdp_that_sums_instead_of_averaging_is_a_difference(pool) -> None:
 def _bent_report(pool, model: str, strategy: str, patch) -> list[compare.Row]:
     from checks.inspect import predict as prediction
     from checks.ranks.protocol import CheckRequest
-    from reader.commands.inspect import _buffers, _structure, _tree
+    from reader.commands.inspect import _structure, _tree
 
     kwargs = {"model": model, "batch": f"{FACTORIES}:batch", "wrap": None, "strategy": strategy}
     run_ = pool.run(CheckRequest("checks.inspect.measure:measure", kwargs=kwargs, world_size=2, patches=(patch,)))
     assert run_.ok, run_.failure
-    meta, shapes, buffer_bytes = _structure(model)
-    buffers = _buffers(meta)
+    meta, shapes, buffers = _structure(model)
     want = prediction.predict(_tree(meta), shapes, None, strategy=strategy, world_size=2, buffers=buffers)
-    return compare.report(want, run_.values(), strategy=strategy, world_size=2, shapes=shapes, buffers=buffers,
-                          buffer_bytes=buffer_bytes)  # fmt: skip
+    return compare.report(want, run_.values(), strategy=strategy, world_size=2, shapes=shapes, buffers=buffers)
 
 
 def _differing(rows: list[compare.Row]) -> list[tuple[str, str]]:
