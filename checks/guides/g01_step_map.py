@@ -10,7 +10,7 @@ import torch
 
 from checks.probes import assert_sequence, record_comm, record_events
 from checks.probes.timeline import lines, normalized
-from checks.ranks import tracing
+from checks.ranks import marks
 from checks.ranks.context import RankContext
 from checks.violation import require
 from checks.workloads.gpt import batch, fsdp1_gpt, units
@@ -58,7 +58,7 @@ def same_on_every_rank(ctx: RankContext) -> int:
 def forward_hooks_are_calls_not_hooks(ctx: RankContext, torch_root: str | None = None) -> list[str]:
     """The wrapper's forward calls the runtime functions itself; the forward registration helpers never run,
     no FSDP unit carries a forward hook, and nothing in the installed torch calls those helpers."""
-    with tracing.watch(FORWARD_REGISTRATION + FORWARD_DIRECT) as seen:
+    with marks.watch(FORWARD_REGISTRATION + FORWARD_DIRECT) as seen:
         model = fsdp1_gpt(ctx)
         x, y = batch(ctx)
         _, loss = model(x, y)

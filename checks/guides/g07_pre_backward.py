@@ -36,6 +36,7 @@ from checks.breakit.exercises import Exercise
 from checks.breakit.patches import wrapping
 from checks.naming import ROOT
 from checks.ranks import tracing
+from checks.ranks.codeswap import code_of
 from checks.ranks.context import RankContext
 from checks.ranks.symbols import code_objects
 from checks.violation import require_equal
@@ -172,7 +173,7 @@ def observe_backward(model: nn.Module) -> Iterator[BackwardLog]:
     open_calls: list[HookCall] = []
 
     def from_hook(frame: types.FrameType) -> bool:
-        return bool(open_calls) and frame.f_back is not None and frame.f_back.f_code is hook_code
+        return bool(open_calls) and frame.f_back is not None and code_of(frame.f_back) is hook_code
 
     def on_hook(frame: types.FrameType) -> tracing.ReturnHook:
         call = HookCall(names.get(id(frame.f_locals["state"]), "?"))

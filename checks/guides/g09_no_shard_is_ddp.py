@@ -28,7 +28,8 @@ from checks.models.flat_param import FlatLayout, FlatParamSpec, Param, flat_para
 from checks.naming import ROOT, clean
 from checks.numerics import pairwise_sums
 from checks.probes import assert_sequence, record_comm
-from checks.ranks import tracing
+from checks.ranks import codeswap, tracing
+from checks.ranks.codeswap import code_of
 from checks.ranks.context import RankContext
 from checks.ranks.symbols import code_objects
 from checks.violation import require, require_equal
@@ -343,7 +344,7 @@ def _call_sites(symbol: str, within: str | None = None) -> Iterator[list[str]]:
 
     def on_call(frame: Any) -> None:
         caller = frame.f_back
-        while enclosing is not None and caller is not None and caller.f_code not in enclosing:
+        while enclosing is not None and caller is not None and code_of(caller) not in enclosing:
             caller = caller.f_back
         sites.append(_where(caller.f_code.co_filename, caller.f_lineno) if caller else "?")
 
@@ -515,7 +516,7 @@ def init_core_state_naming_the_def_line(original: Any, *args: Any) -> Any:
         warnings.simplefilter("always")
         state = original(*args)
     init = sys._getframe()
-    while init is not None and init.f_code is not inspect.unwrap(FSDP.__init__).__code__:
+    while init is not None and code_of(init) is not codeswap.original(inspect.unwrap(FSDP.__init__).__code__):
         init = init.f_back
     for w in caught:
         named = init.f_back if issubclass(w.category, FutureWarning) else init

@@ -11,9 +11,10 @@ code is what changes; threads (autograd's) run the trampoline too.
 
 What hooks see is what a trace function's ``call`` event gave them (the frame at entry, with its arguments), and a
 hook may return a return hook, called with (that frame, the return value or None when the call raised). The
-original code still runs under its own code object, so runtime evidence (`checks.ranks.tracing.watch`) and
-``frame.f_code is ...`` tests keep working. Frames of this module and the trampolines sit between an observed
-function and its callers: `is_plumbing` names them so that stack walks can skip them.
+original code still runs under its own code object, so ``frame.f_code is ...`` tests keep working. Runtime
+evidence (`checks.ranks.marks`) may watch the same function: both set their layer on its
+`checks.ranks.codeswap.Slot`, and the trampoline fires a pending mark. Frames of this module and the trampolines
+sit between an observed function and its callers: `is_plumbing` names them so that stack walks can skip them.
 
 Limits: functions only (no generators or coroutines), and a function's closure must be rebuilt with the same free
 variables (checked; a mismatch raises). Rank-local: one process, swapped while at least one subscription is open.
@@ -29,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from checks.ranks import codeswap
 from checks.ranks.symbols import resolve
 from checks.ranks.tracing import CallHook, ReturnHook, call_safely
 
@@ -45,11 +47,14 @@ class Subscription:
 
 @dataclass
 class _Swap:
-    function: types.FunctionType
-    original: types.CodeType
+    slot: codeswap.Slot
     body: types.FunctionType  # the original code as its own function: what the trampoline runs
     trampoline: types.CodeType
     subscriptions: list[Subscription] = field(default_factory=list)
+
+    @property
+    def original(self) -> types.CodeType:
+        return self.slot.original
 
 
 _functions: dict[types.CodeType, types.FunctionType] = {}  # original code -> the function that runs it
@@ -72,8 +77,9 @@ def function_code(symbol: str) -> types.CodeType:
     swap = _trampolines.get(function.__code__)
     if swap is not None:
         return swap.original
-    _functions[function.__code__] = function
-    return function.__code__
+    code = codeswap.original(function.__code__)  # not a copy that runtime evidence marked
+    _functions[code] = function
+    return code
 
 
 def is_plumbing(frame: types.FrameType) -> bool:
@@ -88,10 +94,11 @@ def subscribe(hooks: Mapping[types.CodeType, CallHook]) -> Subscription:
     for code in subscription.hooks:
         swap = _by_code.get(code) or _build(code)
         if not swap.subscriptions:
-            if swap.function.__code__ is not code:
+            if codeswap.original(swap.slot.function.__code__) is not code:
                 raise RuntimeError(f"{code.co_qualname}: its function's code was changed by someone else")
-            swap.function.__globals__[_ENTRY] = _enter
-            swap.function.__code__ = swap.trampoline
+            swap.slot.function.__globals__[_ENTRY] = _enter
+            swap.slot.trampoline = swap.trampoline
+            swap.slot.install()
         swap.subscriptions.append(subscription)
     return subscription
 
@@ -103,10 +110,11 @@ def unsubscribe(subscription: Subscription) -> None:
             continue
         swap.subscriptions.remove(subscription)
         if not swap.subscriptions:
-            swap.function.__code__ = swap.original
+            swap.slot.trampoline = None
+            swap.slot.install()
     if not any(swap.subscriptions for swap in _swaps):  # torch's module namespaces as they were
         for swap in _swaps:
-            swap.function.__globals__.pop(_ENTRY, None)
+            swap.slot.function.__globals__.pop(_ENTRY, None)
 
 
 @contextmanager
@@ -120,7 +128,7 @@ def subscribed(hooks: Mapping[types.CodeType, CallHook]) -> Iterator[Subscriptio
 
 def _build(code: types.CodeType) -> _Swap:
     function = _functions.get(code)
-    if function is None or function.__code__ is not code:
+    if function is None or codeswap.original(function.__code__) is not code:
         raise RuntimeError(f"{code.co_qualname} was not resolved with function_code, or its code changed since")
     if code.co_flags & _NOT_PLAIN:
         raise TypeError(f"{code.co_qualname}: only plain functions can be observed, not generators or coroutines")
@@ -130,7 +138,7 @@ def _build(code: types.CodeType) -> _Swap:
     )
     body.__kwdefaults__ = function.__kwdefaults__
     body.__qualname__ = function.__qualname__
-    swap = _Swap(function, code, body, trampoline)
+    swap = _Swap(codeswap.slot_of(function), body, trampoline)
     _swaps.append(swap)
     _by_code[code] = swap
     _trampolines[trampoline] = swap
@@ -179,6 +187,8 @@ def _enter(key: int) -> Callable[..., Any]:
     """Called by a trampoline: run the hooks with its frame and return what it must call with its arguments."""
     swap = _swaps[key]
     frame = sys._getframe(1)
+    if swap.slot.fire is not None:  # runtime evidence waits for this function's first call
+        swap.slot.fire()
     returns: list[tuple[Subscription, ReturnHook]] = []
     for subscription in swap.subscriptions:
         hook = subscription.hooks[swap.original]

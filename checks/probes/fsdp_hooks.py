@@ -32,6 +32,7 @@ from checks.naming import ROOT, unit_name
 from checks.probes import calls, capture, clock
 from checks.probes.calls import CallHook, ReturnHook
 from checks.probes.recording import Recording
+from checks.ranks.codeswap import code_of
 
 _FSDP1 = "torch.distributed.fsdp._runtime_utils"
 _FLAT = "torch.distributed.fsdp._flat_param"
@@ -127,7 +128,7 @@ def _fsdp1(rec: Recording) -> dict[types.CodeType, CallHook]:
             return None
         seq, iteration, before = clock.tick(), rec.iteration, gathers[0]
         caller = _caller(frame)
-        if caller is not None and caller.f_code is prefetch_code:
+        if caller is not None and code_of(caller) is prefetch_code:
             issuer = caller.f_locals["current_handle"]
             fqn, target, state, kind = handle_fqn(issuer), handle_fqn(handle), state_of(issuer), "prefetch"
             source, via = _prefetch_source(caller)
@@ -230,7 +231,7 @@ def _fsdp2(rec: Recording) -> dict[types.CodeType, CallHook]:
             return None  # already unsharding: a no-op
         seq, iteration, before = clock.tick(), rec.iteration, gathers[0]
         caller = _caller(frame)
-        prefetched = caller is not None and caller.f_code is prefetch_code
+        prefetched = caller is not None and code_of(caller) is prefetch_code
         issuer, issuer_state = issuer_of(_caller(caller)) if prefetched and caller is not None else ("", "")
         state = _name(group._training_state)
         source, via = _prefetch_source(caller) if prefetched and caller is not None else (_source(frame), "")
@@ -287,7 +288,7 @@ def _fsdp2(rec: Recording) -> dict[types.CodeType, CallHook]:
     def post_backward(frame: types.FrameType) -> None:
         group = frame.f_locals["self"]
         caller = _caller(frame)
-        late = caller is not None and caller.f_code is final_code
+        late = caller is not None and code_of(caller) is final_code
         detail = "from final callback" if late else ""
         state = _name(group._training_state)
         rec.emit("post_backward", group_fqn(group), state, api="fsdp2", detail=detail, source=_source(frame))

@@ -20,7 +20,7 @@ from torch.distributed.distributed_c10d import all_gather_into_tensor as importe
 
 from checks.probes import StepRecord, UnrecordedCollectives, record_comm, record_events, record_step, snapshot
 from checks.probes.crosscheck import BackendEvents
-from checks.ranks import tracing
+from checks.ranks import marks
 from checks.ranks.context import RankContext
 from checks.workloads import toy
 
@@ -223,20 +223,16 @@ def reduce_scatter_via_all_reduce(original: Callable[..., Any]) -> Callable[...,
     return replacement
 
 
-# -- events and the trace multiplexer -------------------------------------------------------------------------------
+# -- events and runtime evidence ------------------------------------------------------------------------------------
 def events_with_evidence(ctx: RankContext, **options: Any) -> dict[str, Any]:
-    """Record FSDP1 events while the pool's runtime evidence (`tracing.watch`, via the request's ``trace``) is also
-    active; report both, and whether one trace function served both."""
+    """Record FSDP1 events while the pool's runtime evidence (`marks.watch`, via the request's ``trace``) is also
+    active on some of the same functions; report the events, and the trace function during and after (neither
+    observer installs one)."""
     model, optim = build(ctx, "fsdp1", **options)
-    outer_tracer = _current_tracer()
     with record_events(model) as events:
-        inner_tracer = _current_tracer()
         toy.train_step(model, optim, toy.toy_batch(ctx))
-    return {
-        "events": events,
-        "same_trace_function": outer_tracer is not None and outer_tracer == inner_tracer,
-        "tracer_after": _current_tracer() == outer_tracer,
-    }
+        tracer_during = _current_tracer()
+    return {"events": events, "tracer_during": tracer_during is not None, "tracer_after": _current_tracer() is not None}
 
 
 def _current_tracer() -> Any:
@@ -248,7 +244,7 @@ def _current_tracer() -> Any:
 def nested_watch_and_events(ctx: RankContext) -> dict[str, Any]:
     """Enter watch, then record_events, leave watch first (not LIFO): both must keep working to their end."""
     model, _ = build(ctx, "fsdp2")
-    watch = tracing.watch(("torch.distributed.fsdp._fully_shard._fsdp_param_group:FSDPParamGroup.post_backward",))
+    watch = marks.watch(("torch.distributed.fsdp._fully_shard._fsdp_param_group:FSDPParamGroup.post_backward",))
     seen = watch.__enter__()
     with record_events(model) as events:
         model(toy.toy_batch(ctx)).sum().backward()
@@ -319,8 +315,8 @@ def _mini_gpt(ctx: RankContext, backward_prefetch: str) -> tuple[Any, Any, Calla
         # parts of a probe, for profiling (`mini_gpt_profile`); not benchmarked
         "comm-unwitnessed": lambda: record_comm(crosscheck=False),
         "witness": BackendEvents,
-        # what every claim of `pytest readings/` runs under: the runtime evidence's trace function
-        "watch": lambda: tracing.watch(("torch.distributed.fsdp._runtime_utils:_reshard",)),
+        # what every claim of `pytest readings/` runs under: runtime evidence's marks
+        "watch": lambda: marks.watch(("torch.distributed.fsdp._runtime_utils:_reshard",)),
     }
     return model, optim, step, {"probes": probes, "config": config}
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from checks.breakit import patching
-from checks.ranks import isolation, tracing
+from checks.ranks import isolation, marks
 from checks.ranks.context import RankContext
 from checks.ranks.protocol import CheckRequest, RankResult
 from checks.ranks.symbols import load
@@ -32,7 +32,7 @@ def execute(request: CheckRequest, ctx: RankContext) -> RankResult:
         check = load(request.target)
         with (
             patching.applied(request.patches),
-            tracing.watch(request.trace) as seen,
+            marks.watch(request.trace) as seen,
             _capturing(request.capture) as captured,
         ):
             try:

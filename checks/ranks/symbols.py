@@ -7,6 +7,8 @@ import inspect
 import types
 from typing import Any
 
+from checks.ranks import codeswap
+
 
 def split(symbol: str) -> tuple[str, str]:
     module, sep, qualname = symbol.partition(":")
@@ -35,25 +37,31 @@ def load(symbol: str) -> Any:
     return getattr(owner, attribute)
 
 
-def code_objects(symbol: str) -> list[types.CodeType]:
-    """Every code object that counts as "this symbol ran": the function's, a class's methods', a property's
-    accessors'; decorators are unwrapped. Module-level data has none."""
+def functions(symbol: str) -> list[types.FunctionType]:
+    """Every Python function whose running counts as "this symbol ran": the function itself, a class's methods, a
+    property's accessors; decorators are unwrapped. Module-level data and builtins have none."""
     _, value, _ = resolve(symbol)
-    return _codes_of(value, set())
+    return _functions_of(value, set())
 
 
-def _codes_of(value: Any, seen: set[int]) -> list[types.CodeType]:
+def code_objects(symbol: str) -> list[types.CodeType]:
+    """The code objects of `functions` (each function's own, while runtime evidence runs a marked copy of it)."""
+    return [codeswap.original(function.__code__) for function in functions(symbol)]
+
+
+def _functions_of(value: Any, seen: set[int]) -> list[types.FunctionType]:
     if id(value) in seen:
         return []
     seen.add(id(value))
     if isinstance(value, staticmethod | classmethod):
-        return _codes_of(value.__func__, seen)
+        return _functions_of(value.__func__, seen)
     if isinstance(value, property):
-        return [c for f in (value.fget, value.fset, value.fdel) if f is not None for c in _codes_of(f, seen)]
+        return [f for a in (value.fget, value.fset, value.fdel) if a is not None for f in _functions_of(a, seen)]
     if isinstance(value, type):
-        return [c for member in vars(value).values() for c in _codes_of(member, seen)]
+        return [f for member in vars(value).values() for f in _functions_of(member, seen)]
     if callable(value):
-        func = inspect.unwrap(value)
-        code = getattr(func, "__code__", None)
-        return [code] if isinstance(code, types.CodeType) else []
+        function = inspect.unwrap(value)
+        if isinstance(function, types.MethodType):
+            function = function.__func__
+        return [function] if isinstance(function, types.FunctionType) else []
     return []

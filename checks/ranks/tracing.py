@@ -1,18 +1,21 @@
-"""Runtime evidence, and the one global trace function that every frame observer in a rank shares.
+"""The one global trace function that every frame observer in a rank shares.
 
-``sys.settrace`` holds a single function per thread: two observers that each install their own (the runtime
-evidence of `watch`, the FSDP event recorder of `checks.probes.events`) would silently switch each other off.
-So the trace function is a multiplexer: observers `subscribe` a table ``{code object: call hook}``; on every new
-Python frame the multiplexer does one dictionary lookup and calls the hooks of that code object, if any. A hook
-may ask for the frame's return (to read what the call changed); only those frames get a local tracer, with line
-events switched off, so the cost elsewhere stays one lookup per call. A trace function that was installed before
-(a debugger, coverage) keeps running: the multiplexer chains to it.
+``sys.settrace`` holds a single function per thread: two observers that each install their own (a check's
+call-site recorder, runtime evidence on an interpreter `checks.ranks.marks` cannot mark) would silently switch
+each other off. So the trace function is a multiplexer: observers `subscribe` a table ``{code object: call
+hook}``; on every new Python frame the multiplexer does one dictionary lookup and calls the hooks of that code
+object, if any. A hook may ask for the frame's return (to read what the call changed); only those frames get a
+local tracer, with line events switched off, so the cost elsewhere stays one lookup per call. A trace function
+that was installed before (a debugger, coverage) keeps running: the multiplexer chains to it.
 
 Threads started while a subscription is active are traced too (``threading.settrace``). Autograd's own device
 threads (CUDA backward) are C++ threads that never see ``sys.settrace``: on GPU, code that runs only inside
 backward hooks can go unseen unless backward runs on the calling thread
 (``torch.autograd.set_multithreading_enabled(False)``, which the FSDP event recorder does). On CPU, backward hooks
 run on the calling thread and are seen.
+
+Hooks are keyed by a function's own code: a frame running the marked copy that runtime evidence installs until a
+function's first call (`checks.ranks.marks`) is looked up as the original.
 
 A hook that raises does not break the traced code: the exception is kept on its `Subscription` (``errors``) for
 the observer to report, and the hook is not called again.
@@ -29,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks.ranks.symbols import code_objects
+from checks.ranks import codeswap
 
 ReturnHook = Callable[[types.FrameType, Any], None]  # (frame, return value or None when unwinding)
 CallHook = Callable[[types.FrameType], ReturnHook | None]
@@ -108,13 +111,13 @@ class _Multiplexer:
         table: dict[types.CodeType, list[tuple[Subscription, CallHook]]] = {}
         for subscription in self._subscriptions.values():
             for code, hook in subscription.hooks.items():
-                table.setdefault(code, []).append((subscription, hook))
+                table.setdefault(codeswap.original(code), []).append((subscription, hook))
         self._table = {code: tuple(hooks) for code, hooks in table.items()}  # swapped whole: readers never lock
 
     def _on_call(self, frame: types.FrameType, event: str, arg: Any) -> _TraceFn | None:
         previous = self._previous.get(threading.get_ident(), self._previous_threading)
         chained = previous(frame, event, arg) if previous is not None else None
-        hooks = self._table.get(frame.f_code)
+        hooks = self._table.get(codeswap.code_of(frame))
         if hooks is None:
             return chained
         on_return: list[tuple[Subscription, ReturnHook]] = []
@@ -161,27 +164,3 @@ def subscribed(hooks: Mapping[types.CodeType, CallHook]) -> Iterator[Subscriptio
         yield subscription
     finally:
         unsubscribe(subscription)
-
-
-@contextmanager
-def watch(symbols: tuple[str, ...]) -> Iterator[set[str]]:
-    """Yield a set that fills with the symbols whose code ran inside the block."""
-    seen: set[str] = set()
-    if not symbols:
-        yield seen
-        return
-    # A code object can belong to several symbols (a method, and the class anchored as a whole): its call
-    # marks every one of them.
-    owners: dict[types.CodeType, list[str]] = {}
-    for symbol in symbols:
-        for code in code_objects(symbol):
-            owners.setdefault(code, []).append(symbol)
-    with subscribed({code: _marker(seen, names) for code, names in owners.items()}):
-        yield seen
-
-
-def _marker(seen: set[str], symbols: list[str]) -> CallHook:
-    def on_call(frame: types.FrameType) -> None:
-        seen.update(symbols)
-
-    return on_call

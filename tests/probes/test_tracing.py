@@ -1,4 +1,5 @@
-"""The trace multiplexer that `watch` (runtime evidence) and the FSDP event recorder share, in this process."""
+"""The trace multiplexer that frame observers share, in this process; and how it sees a function that runtime
+evidence (`checks.ranks.marks`) marked."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from checks.ranks import tracing
+from checks.ranks import marks, tracing
 
 
 def target(x: int) -> int:
@@ -29,31 +30,6 @@ def _restores_tracer() -> Iterator[None]:
     before = sys.gettrace()
     yield
     assert sys.gettrace() == before, "a subscription leaked a trace function"
-
-
-def test_watch_keeps_its_behaviour() -> None:
-    with tracing.watch(()) as nothing:
-        target(1)
-    assert nothing == set()
-    symbol = f"{__name__}:target"
-    with tracing.watch((symbol, f"{__name__}:other")) as seen:
-        target(1)
-    assert seen == {symbol}
-
-
-class Holder:
-    def method(self) -> int:
-        return 1
-
-    def unused(self) -> int:
-        return 2
-
-
-def test_a_method_anchored_alone_and_through_its_class_marks_both() -> None:
-    method, cls = f"{__name__}:Holder.method", f"{__name__}:Holder"
-    with tracing.watch((cls, method, f"{__name__}:Holder.unused")) as seen:
-        Holder().method()
-    assert seen == {cls, method}
 
 
 def test_two_observers_share_one_trace_function_and_may_leave_in_any_order() -> None:
@@ -130,3 +106,17 @@ def test_threads_started_inside_are_traced() -> None:
         worker.join()
     assert seen == ["worker"]
     assert threading.gettrace() is None
+
+
+def test_a_frame_running_a_marked_copy_reaches_the_hooks_of_the_original() -> None:
+    """Runtime evidence runs a function's first call through a marked copy of its code: a hook on the function's
+    own code still sees that call, whether it was subscribed before the mark or with the copy's code."""
+    calls: list[str] = []
+    symbol = f"{__name__}:target"
+    # The subscription's code is read once the watch has begun: the marked copy.
+    with marks.watch((symbol,)), tracing.subscribed({target.__code__: lambda frame: calls.append("marked copy")}):
+        target(1)
+    with tracing.subscribed({CODE: lambda frame: calls.append("original")}), marks.watch((symbol,)):
+        target(1)
+        target(2)
+    assert calls == ["marked copy", "original", "original"]
