@@ -2,11 +2,17 @@
 
 Before a check: reseed every RNG. After it: restore torch's global switches, destroy the process groups the check
 created, and collect garbage so FSDP/DDP objects (and their hooks on autograd) are gone.
+
+The collection after each check scans only what the checks made: torch's import graph is frozen out of the
+collector's sight when the rank starts (`freeze_baseline`), and what survives each collection (modules a check
+imported, caches) joins it. A survivor that becomes garbage later (a cache a later check empties) waits for the
+full collection every `SWEEP_EVERY` checks.
 """
 
 from __future__ import annotations
 
 import gc
+import itertools
 import random
 from dataclasses import dataclass
 
@@ -81,9 +87,27 @@ def freeze_baseline() -> None:
     gc.freeze()
 
 
+SWEEP_EVERY = 50
+_collections = itertools.count(1)
+
+
 def collect() -> None:
+    if next(_collections) % SWEEP_EVERY == 0:
+        gc.unfreeze()
     gc.collect()
+    gc.freeze()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+
+
+def live_objects() -> list[object]:
+    """Every object the collector tracks that is reachable now, frozen ones included (after a full
+    collection)."""
+    gc.unfreeze()
+    gc.collect()
+    try:
+        return gc.get_objects()
+    finally:
+        gc.freeze()
