@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import atexit
 import os
+from pathlib import Path
 from typing import Literal
 
 from checks.ranks import backend as backends
+from checks.ranks import zygote as zygotes
 from checks.ranks.inplace import InPlaceRunner, launched_by_torchrun
-from checks.ranks.pool import RankPool
+from checks.ranks.pool import RankPool, worker_env
 from checks.ranks.protocol import CheckRequest, CheckRun, backend_skip
 
 Mode = Literal["persistent", "fresh", "torchrun"]
@@ -49,6 +51,9 @@ class PoolManager:
         self._pools: dict[int, RankPool] = {}
         self._inplace: InPlaceRunner | None = None
         self._owner_pid = os.getpid()
+        self._holding = self.mode != "torchrun"
+        if self._holding:
+            zygotes.hold()  # a pool rebuilt after a broken check forks from the same zygote
         atexit.register(self.close)
 
     def backend_for(self, world_size: int) -> str:
@@ -80,6 +85,12 @@ class PoolManager:
             pool.close()
         return run
 
+    def prestart(self) -> None:
+        """Start the zygote the ranks will fork from now, so that its imports overlap whatever comes before the
+        first check (it is kept while this manager is open)."""
+        if self.mode != "torchrun":
+            zygotes.release(zygotes.acquire(worker_env(), Path.cwd()))
+
     def pool(self, world_size: int) -> RankPool | None:
         """The live persistent pool of that size, if any (for tests and diagnostics)."""
         return self._pools.get(world_size)
@@ -98,3 +109,6 @@ class PoolManager:
         self._pools.clear()
         if self._inplace is not None:
             self._inplace.close()
+        if self._holding:
+            self._holding = False
+            zygotes.unhold()

@@ -4,8 +4,10 @@ PyTorch's own FSDP tests spawn fresh processes per test (seconds each). Here the
 and per session; a check costs a message round trip. When a check leaves the group in doubt (a timeout, a dead
 rank, a rank that never answered, a failed health check) the pool is torn down and the next check gets a new one.
 
-Processes: each rank is ``python -m checks.ranks.worker`` in its own session, tied to this process by
-``PR_SET_PDEATHSIG`` and to its pool by a socketpair. Ranks rendezvous through a FileStore in a private temporary
+Processes: each rank is forked from a zygote that imported torch once for the session (`checks.ranks.zygote`), in
+its own session, tied to the zygote (which is tied to this process) by ``PR_SET_PDEATHSIG`` and to its pool by a
+socketpair. Without a zygote (one that cannot start), a rank is ``python -m checks.ranks.worker``, tied to this
+process directly. Ranks rendezvous through a FileStore in a private temporary
 directory, and gloo listens on ephemeral ports, so two sessions on one machine never collide on a port.
 """
 
@@ -24,7 +26,9 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
+from typing import Protocol
 
+from checks.ranks import zygote as zygotes
 from checks.ranks.failure import describe
 from checks.ranks.protocol import CheckRequest, CheckRun, Outcome, RankResult, Ready, Shutdown, Task, Verified, Verify
 from checks.ranks.worker import STACK_SIGNAL
@@ -39,10 +43,20 @@ class PoolStartError(RuntimeError):
     """The ranks could not form a process group; the message holds each rank's output."""
 
 
+class RankProcess(Protocol):
+    """A rank's process as the pool handles it: a ``Popen``, or a `checks.ranks.zygote.ForkedRank`."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
 @dataclass
 class _Rank:
     rank: int
-    proc: subprocess.Popen[bytes]
+    proc: RankProcess
     conn: Connection
     pidfd: int
     log: Path
@@ -83,13 +97,18 @@ class RankPool:
         self.checks_run = 0
         self._ranks: list[_Rank] = []
         self._task_ids = itertools.count()
+        self._zygote: zygotes.Zygote | None = None
         _sweep_orphaned_workdirs()
         self._workdir = Path(tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-"))
 
     # -- life cycle ---------------------------------------------------------------------------------------------
     def start(self) -> RankPool:
         store = self._workdir / "store"
-        env = _worker_env()
+        env = worker_env()
+        try:
+            self._zygote = zygotes.acquire(env, Path.cwd())
+        except OSError:
+            self._zygote = None  # no zygote: each rank imports torch itself
         try:
             for rank in range(self.world_size):
                 self._ranks.append(self._spawn(rank, store, env))
@@ -104,23 +123,43 @@ class RankPool:
         ours, theirs = socket.socketpair()
         log = self._workdir / f"rank{rank}.log"
         faults = self._workdir / f"rank{rank}.faults"
+        argv = [
+            f"--rank={rank}", f"--world-size={self.world_size}", f"--backend={self.backend}", f"--store={store}",
+            f"--faults={faults}",
+        ]  # fmt: skip
         with log.open("ab") as log_file, theirs:
-            proc = subprocess.Popen(
-                [
-                    sys.executable, "-m", "checks.ranks.worker",
-                    f"--rank={rank}", f"--world-size={self.world_size}", f"--backend={self.backend}",
-                    f"--store={store}", f"--fd={theirs.fileno()}", f"--faults={faults}",
-                    f"--parent-pid={os.getpid()}",
-                ],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=Path.cwd(),
-                start_new_session=True,  # a terminal's Ctrl-C reaches the pool, which then stops its ranks
-            )  # fmt: skip
-        return _Rank(rank, proc, Connection(ours.detach()), os.pidfd_open(proc.pid), log, faults)
+            proc, pidfd = self._forked(argv, env, log_file.fileno(), theirs.fileno())
+            if proc is None:
+                proc = subprocess.Popen(
+                    [
+                        sys.executable, "-m", "checks.ranks.worker", *argv, f"--fd={theirs.fileno()}",
+                        f"--parent-pid={os.getpid()}",
+                    ],
+                    pass_fds=(theirs.fileno(),),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=Path.cwd(),
+                    start_new_session=True,  # a terminal's Ctrl-C reaches the pool, which then stops its ranks
+                )  # fmt: skip
+                pidfd = os.pidfd_open(proc.pid)
+        return _Rank(rank, proc, Connection(ours.detach()), pidfd, log, faults)
+
+    def _forked(
+        self, argv: list[str], env: dict[str, str], log_fd: int, rank_fd: int
+    ) -> tuple[RankProcess | None, int]:
+        """A rank forked by the zygote, with a pidfd of it; (None, -1) when the zygote cannot fork (it is then
+        dropped, and this pool's ranks start as interpreters of their own)."""
+        if self._zygote is None:
+            return None, -1
+        try:
+            return self._zygote.spawn(argv, env["PYTHONPATH"], log_fd, rank_fd)
+        except zygotes.ZygoteError as exc:
+            print(f"fsdp-readings: starting ranks without a zygote: {exc}", file=sys.stderr)
+            zygotes.release(self._zygote)
+            self._zygote = None
+            return None, -1
 
     def _await_ready(self) -> None:
         waiting = {r.conn: r for r in self._ranks}
@@ -174,6 +213,9 @@ class RankPool:
         for rank in self._ranks:
             rank.conn.close()
             os.close(rank.pidfd)
+        if self._zygote is not None:
+            zygotes.release(self._zygote)
+            self._zygote = None
         shutil.rmtree(self._workdir, ignore_errors=True)
 
     # -- running checks -----------------------------------------------------------------------------------------
@@ -186,7 +228,8 @@ class RankPool:
         task = Task(next(self._task_ids), request)
         marks = {r.rank: r.offsets() for r in self._ranks}
         for rank in self._ranks:
-            rank.conn.send(task)
+            with contextlib.suppress(OSError):  # a rank that died while idle: `_collect` reports how it died
+                rank.conn.send(task)
         results = self._collect(task, timeout)
         if not self.broken:  # every rank answered; make sure the group survived the check
             self._verify()
@@ -248,21 +291,26 @@ class RankPool:
         return results
 
     def _verify(self) -> None:
-        """Confirm the group still all-reduces correctly before the next check trusts it."""
+        """Confirm the group still all-reduces correctly before the next check trusts it. The first wrong or
+        missing answer retires the pool at once: a rank whose peer skipped the all-reduce waits in it forever."""
         for rank in self._ranks:
             rank.conn.send(Verify())
         deadline = time.monotonic() + VERIFY_TIMEOUT
-        for rank in self._ranks:
-            if not rank.conn.poll(max(deadline - time.monotonic(), 0)):
+        pending = {rank.conn: rank for rank in self._ranks}
+        while pending:
+            ready = wait(list(pending), timeout=max(deadline - time.monotonic(), 0))
+            if not ready:
                 self.broken = True
                 return
-            try:
-                answer = rank.conn.recv()
-            except (EOFError, OSError):
-                answer = None
-            if not (isinstance(answer, Verified) and answer.rank == rank.rank and answer.healthy):
-                self.broken = True
-                return
+            for conn in ready:
+                rank = pending.pop(conn)
+                try:
+                    answer = conn.recv()
+                except (EOFError, OSError):
+                    answer = None
+                if not (isinstance(answer, Verified) and answer.rank == rank.rank and answer.healthy):
+                    self.broken = True
+                    return
 
     def _dump_stacks(self, ranks: list[_Rank]) -> dict[int, str]:
         """Ask faulthandler in each rank for every thread's Python stack, then read what it wrote."""
@@ -299,7 +347,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _worker_env() -> dict[str, str]:
+def worker_env() -> dict[str, str]:
     env = dict(os.environ)
     # Whatever this process can import, the ranks can: checks, guides' helpers, a test module's sabotage.
     paths = [p or str(Path.cwd()) for p in sys.path]
@@ -313,7 +361,7 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
-def _reap(proc: subprocess.Popen[bytes]) -> None:
+def _reap(proc: RankProcess) -> None:
     """Wait for a rank whose socket closed; one that lingers is killed (it can no longer take work)."""
     try:
         proc.wait(timeout=10)
@@ -321,7 +369,7 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
         _kill_group(proc)
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def _kill_group(proc: RankProcess) -> None:
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

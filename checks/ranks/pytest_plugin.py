@@ -8,6 +8,7 @@ import os
 import pytest
 
 from checks.ranks import backend as backends
+from checks.ranks import zygote as zygotes
 from checks.ranks.manager import DEFAULT_TIMEOUT, MODES, PoolManager
 
 _MANAGER = pytest.StashKey[PoolManager]()
@@ -42,6 +43,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--world-size") < 1:
         raise pytest.UsageError("--world-size must be at least 1")
+    zygotes.hold()  # pools of this session's managers, and of tests' own, fork from one zygote
 
 
 def pool_manager(config: pytest.Config) -> PoolManager:
@@ -78,7 +80,19 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip(missing)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """When something collected runs on ranks (a claim item, a test using the ``pool`` fixture), start the zygote
+    now: its imports overlap the items that come first."""
+
+    def on_ranks(item: pytest.Item) -> bool:
+        return getattr(item, "runs_on_ranks", False) or "pool" in getattr(item, "fixturenames", ())
+
+    if any(on_ranks(item) for item in session.items):
+        pool_manager(session.config).prestart()
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     manager = config.stash.get(_MANAGER, None)
     if manager is not None:
         manager.close()
+    zygotes.unhold()

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from checks.ranks import isolation
 from checks.ranks.context import RankContext
 
 
@@ -25,6 +26,26 @@ def identify(ctx: RankContext) -> dict[str, Any]:
         "world_size": dist.get_world_size(),
         "backend": dist.get_backend(),
         "device": str(ctx.device),
+    }
+
+
+def process(ctx: RankContext, variable: str = "FSDP_READINGS_ZYGOTE_TEST", module: str | None = None) -> dict[str, Any]:
+    """This rank's process as it was started: its parent, its session, an environment variable, and whether
+    ``module`` imports (from the pool's search path)."""
+    import importlib
+
+    found = True
+    if module is not None:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            found = False
+    return {
+        "pid": os.getpid(),
+        "parent": os.getppid(),
+        "session": os.getsid(0),
+        "variable": os.environ.get(variable),
+        "module_found": found,
     }
 
 
@@ -128,13 +149,11 @@ def train_fsdp_and_ddp(ctx: RankContext) -> int:
 
 def live_wrappers(ctx: RankContext) -> dict[str, int]:
     """How many FSDP1 / DDP / FSDP2 modules are alive on this rank right now."""
-    import gc
-
     from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
     from torch.nn.parallel import DistributedDataParallel
 
     kinds = {"fsdp1": FullyShardedDataParallel, "ddp": DistributedDataParallel, "fsdp2": FSDPModule}
-    objects = gc.get_objects()
+    objects = isolation.live_objects()
     return {name: sum(isinstance(o, kind) for o in objects) for name, kind in kinds.items()}
 
 

@@ -1,6 +1,7 @@
 """A rank process of the pool: join the process group once, then run checks until told to stop.
 
-Started by `checks.ranks.pool.RankPool` as ``python -m checks.ranks.worker``; never by hand.
+Started by `checks.ranks.pool.RankPool`, forked from a zygote that did the imports (`checks.ranks.zygote`), or as
+``python -m checks.ranks.worker`` when there is none; never by hand.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from checks.ranks.protocol import Outcome, Ready, Shutdown, Task, Verified, Veri
 STACK_SIGNAL = signal.SIGUSR1  # the pool sends it to ask for every thread's Python stack
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int) -> None:
     """Ask the kernel to SIGKILL this rank when the pool's process dies, however it dies."""
     pr_set_pdeathsig = 1
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
@@ -42,7 +43,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> None:
     args = _parse(argv)
-    _die_with_parent(args.parent_pid)
+    die_with_parent(args.parent_pid)
     conn = Connection(args.fd)
     # Append mode: the pool reads what was added since a check began, however many dumps came before.
     faults = Path(args.faults).open("a", buffering=1)  # noqa: SIM115 - must outlive every check
@@ -71,7 +72,7 @@ def main(argv: list[str]) -> None:
         timeout=timedelta(minutes=30),  # the pool enforces per-check timeouts itself
         device_id=device if args.backend == "nccl" else None,
     )
-    _preimport()
+    preimport()
     isolation.freeze_baseline()
     ctx = RankContext(args.rank, args.world_size, args.backend, device, local_rank=args.rank, seed=0)
     conn.send(Ready(args.rank, os.getpid(), args.backend, str(device)))
@@ -103,7 +104,7 @@ def _group_works(world_size: int, device: object) -> bool:
     return int(probe.item()) == world_size
 
 
-def _preimport() -> None:
+def preimport() -> None:
     """Pay for the heavy imports once per rank rather than inside the first check."""
     import torch.distributed.fsdp
     import torch.distributed.fsdp._fully_shard

@@ -190,6 +190,8 @@ def _mark_expected_failure(item: GuideItem, claim: ClaimSpec) -> None:
 class ClaimItem(GuideItem):
     """Runs the claim's check on the rank pool; passes only if it passed and some anchored torch code ran."""
 
+    runs_on_ranks = True  # the ranks plugin starts the zygote once collection finds one (checks.ranks.zygote)
+
     def __init__(self, *, guide: Guide, claim: ClaimSpec, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.guide = guide
