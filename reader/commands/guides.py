@@ -434,7 +434,7 @@ def run_show(args: argparse.Namespace, console: Console) -> int:
         # As read on this torch: blocks and notes scoped to other releases are not shown.
         print_guide(console, guide.on(session.workspace.torch_version), session.workspace, answers=args.answers)
     if len(guides) == 1:
-        print_next(console, args.readings, guides[0].id)
+        print_next(console, args.readings, guides[0].id, session.guide_ids)
     return BROKEN if session.broken else CLEAN
 
 

@@ -94,14 +94,17 @@ def load_path(readings: Path, guide_ids: Iterable[str]) -> ReadingPath:
     return ReadingPath(str(start), tuple(tracks))
 
 
-def reading_path(readings: Path) -> ReadingPath | None:
-    """The path over the guides in ``readings``, or None when it has none or it does not load (the ``path``
-    command reports its problems; a guide's next step is then left out)."""
-    from reader.format.parse import load_all
+def reading_path(readings: Path, guide_ids: Iterable[str] | None = None) -> ReadingPath | None:
+    """The path over the guides in ``readings`` (``guide_ids``: theirs, when the caller has parsed them already),
+    or None when it has none or it does not load (the ``path`` command reports its problems; a guide's next step
+    is then left out)."""
+    if guide_ids is None:
+        from reader.format.parse import load_all
 
-    guides, _ = load_all([readings], None)
+        guides, _ = load_all([readings], None)
+        guide_ids = [g.id for g in guides]
     try:
-        return load_path(readings, [g.id for g in guides])
+        return load_path(readings, list(guide_ids))
     except (GuideError, OSError):
         return None
 

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     console.print(", ".join(f"{counts[s]} {s}" for s in shown))
     if stopped:
         return interrupted(console, f"{len(rows)} of {len(claims)} claims ran; their results are kept")
-    print_next(console, args.readings, guide.id)
+    print_next(console, args.readings, guide.id, session.guide_ids)
     return FAILED if counts["failed"] else CLEAN
 
 

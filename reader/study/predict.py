@@ -104,7 +104,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if ended is not None:
         console.print(f"[red]{ended}[/]: {kept}")
         return BROKEN
-    print_next(console, args.readings, guide.id)
+    print_next(console, args.readings, guide.id, session.guide_ids)
     return FAILED if any(r.failure for r in reveals) else CLEAN
 
 

@@ -30,6 +30,7 @@ class Session:
     guides: list[Guide]
     broken: list[GuideError]
     report: SessionReport
+    guide_ids: list[str]  # every guide of the readings that parsed, asked for or not (the path's ids)
 
 
 def guide_named(given: str, ids: list[str]) -> str | list[str]:
@@ -55,6 +56,7 @@ def open_session(args: argparse.Namespace, console: Console) -> Session | int:
         return BROKEN
     args.readings = readings
     guides, broken = load_all([readings], CheckFinder(extra_paths=[readings.resolve().parent]))
+    every_id = [g.id for g in guides]
     if args.guide_ids:
         ids = [g.id for g in guides]
         resolved = [(given, guide_named(given, ids)) for given in args.guide_ids]
@@ -93,7 +95,7 @@ def open_session(args: argparse.Namespace, console: Console) -> Session | int:
     for error in broken:
         # The problems quote the guide (TOML, `[[claims]]`): printed as text, never read as markup.
         console.print(error.render(), style="red", highlight=False, markup=False)
-    return Session(workspace, guides, broken, report)
+    return Session(workspace, guides, broken, report, every_id)
 
 
 def _broken_named(given: list[str], broken: list[GuideError]) -> list[GuideError]:

@@ -3,6 +3,7 @@ line that says which guide comes next, and a glossary term."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from rich.console import Console, Group, RenderableType
@@ -45,9 +46,10 @@ def path_view(guides: list[Guide], path: ReadingPath, width: int) -> RenderableT
     return Group(*lines)
 
 
-def print_next(console: Console, readings: Path, guide_id: str) -> None:
-    """End a guide's ``show``, ``check`` or ``predict`` with the guide to read next (nothing off the path)."""
-    shown = next_view(reading_path(readings), guide_id)
+def print_next(console: Console, readings: Path, guide_id: str, guide_ids: Iterable[str] | None = None) -> None:
+    """End a guide's ``show``, ``check`` or ``predict`` with the guide to read next (nothing off the path);
+    ``guide_ids``: every guide's, when the command has parsed them."""
+    shown = next_view(reading_path(readings, guide_ids), guide_id)
     if shown is not None:
         console.print(shown, soft_wrap=False)
 

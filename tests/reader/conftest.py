@@ -19,6 +19,7 @@ from tests.reader.reader_support import TorchTree, make_tree, quiz_blocks
 def pytest_configure(config: pytest.Config) -> None:
     if not config.pluginmanager.has_plugin("pytester"):
         config.pluginmanager.import_plugin("pytester")
+    config.addinivalue_line("markers", "shared_index_cache: share one index cache with other such tests")
 
 
 @pytest.fixture
@@ -26,10 +27,23 @@ def torch_tree(tmp_path: Path) -> TorchTree:
     return make_tree(tmp_path / "site-packages")
 
 
+@pytest.fixture(scope="session")
+def _shared_cache_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("shared-index-cache")
+
+
 @pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Each test gets its own on-disk index cache and an empty in-memory one, so cache tests count
-    honestly."""
+def _isolated_cache(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Path]:
+    """Each test gets its own on-disk index cache and an empty in-memory one, so cache tests count honestly. A
+    module marked ``shared_index_cache`` (one that reads the real guides and counts no cache) shares one with
+    every such module, so the installed torch is indexed once, not once a test."""
+    if request.node.get_closest_marker("shared_index_cache") is not None:
+        directory = request.getfixturevalue("_shared_cache_directory")
+        monkeypatch.setenv("FSDP_READINGS_CACHE", str(directory))
+        yield directory
+        return
     directory = tmp_path_factory.mktemp("index-cache")
     monkeypatch.setenv("FSDP_READINGS_CACHE", str(directory))
     IndexCache.clear_memory()

@@ -29,6 +29,8 @@ from reader.source.checkref import CheckFinder
 from reader.source.torch_source import open_source
 from reader.views.guide import sentence_markdown, shown_start, verbatim_rst
 
+pytestmark = pytest.mark.shared_index_cache  # renders the real guides; counts no cache
+
 READINGS = Path(__file__).resolve().parents[2] / "readings"
 GUIDE_IDS = sorted(path.stem for path in READINGS.glob("[0-9][0-9]-*.md"))
 WIDTHS = (60, 80, 100)
@@ -54,7 +56,10 @@ class Shown:
 def shown() -> Iterator[Callable[[str, int], Shown]]:
     """``shown(guide_id, width)``: the guide as ``show`` prints it, rendered once per module."""
     done: dict[tuple[str, int], Shown] = {}
-    opened: list[Workspace] = []
+    guides, _ = load_all([READINGS], CheckFinder(extra_paths=[READINGS.parent]))
+    # The guide as show reads it on this torch: anchors and notes scoped to other releases are not shown.
+    by_id = {guide.id: guide.on(torch.__version__) for guide in guides}
+    workspace = Workspace(open_source(None), READINGS / LOCK_NAME)
 
     def render(guide_id: str, width: int) -> Shown:
         if (guide_id, width) not in done:
@@ -62,17 +67,11 @@ def shown() -> Iterator[Callable[[str, int], Shown]]:
             console = make_console(file=buffer, width=width, force_terminal=False, color_system=None)
             code = main(["--readings", str(READINGS), "show", guide_id], console=console)
             assert code == 0, buffer.getvalue()[-2000:]
-            guides, _ = load_all([READINGS], CheckFinder(extra_paths=[READINGS.parent]))
-            # The guide as show reads it on this torch: anchors and notes scoped to other releases are not shown.
-            guide = next(g for g in guides if g.id == guide_id).on(torch.__version__)
-            workspace = Workspace(open_source(None), READINGS / LOCK_NAME)
-            opened.append(workspace)
-            done[guide_id, width] = Shown(guide, workspace, width, buffer.getvalue())
+            done[guide_id, width] = Shown(by_id[guide_id], workspace, width, buffer.getvalue())
         return done[guide_id, width]
 
     yield render
-    for workspace in opened:
-        workspace.source.close()
+    workspace.source.close()
 
 
 def test_every_guide_is_covered() -> None:

@@ -33,6 +33,31 @@ def spawn(argv: list[str], env: dict[str, str]) -> pexpect.spawn:
     )
 
 
+def ranks_of(tag: str) -> list[psutil.Process]:
+    """The rank processes started for this test: children of a zygote that carry its tag."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            parent = proc.parent()
+            if (
+                proc.environ().get("FSDP_READINGS_TERMINAL_TEST") == tag
+                and parent is not None
+                and "checks.ranks.zygote" in " ".join(parent.cmdline())
+            ):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def wait_for_ranks(tag: str, count: int) -> None:
+    """Until ``count`` ranks of this test's command have been started (a claim is starting or running)."""
+    deadline = time.monotonic() + 120
+    while len(ranks_of(tag)) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} ranks started"
+        time.sleep(0.05)
+
+
 def leftovers(tag: str) -> list[psutil.Process]:
     """Live processes started for this test (they carry its tag), after a grace period for their exit."""
     deadline = time.monotonic() + 15
@@ -98,7 +123,7 @@ def test_an_exercise_is_not_used_up_by_an_answer_that_is_not_a_choice(terminal_e
 def test_ctrl_c_while_check_runs_a_claim_leaves_no_rank_behind(terminal_env, data_dir: Path) -> None:
     child = spawn(["check", GUIDE, "only-outermost-is-root", "padded-size-after-first-forward-at-4"], terminal_env)
     child.expect("padded-size-after-first-forward-at-4")  # the progress line: the 4-rank claim is starting
-    time.sleep(2)  # its pool is starting or running
+    wait_for_ranks(terminal_env["FSDP_READINGS_TERMINAL_TEST"], 2 + 4)  # its pool is starting or running
     child.sendintr()
     child.expect_exact("interrupted: 1 of 2 claims ran; their results are kept")
     assert ended(child) == 130
