@@ -30,5 +30,11 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     terminalreporter.section("benchmark extra_info")
     width = max(len(name) for _, name, _ in rows)
     for group, name, info in sorted(rows, key=lambda r: (r[0], r[1])):
-        cells = "  ".join(f"{key}={value}" for key, value in info.items())
+        cells = "  ".join(f"{key}={value}" for key, value in info.items() if not isinstance(value, dict))
         terminalreporter.write_line(f"{group:16s} {name:{width}s}  {cells}")
+        for key, table in info.items():  # a table (phase -> seconds) gets a row each
+            if isinstance(table, dict):
+                terminalreporter.write_line(f"  {key}:")
+                label = max(len(str(k)) for k in table)
+                for phase, value in table.items():
+                    terminalreporter.write_line(f"    {phase:{label}s}  {value:>8}")

@@ -29,8 +29,8 @@ How: FSDP1 registers its hooks as ``functools.partial`` objects that hold the fu
 module attributes after wrapping would miss them. The recorder swaps the functions' code instead
 (`checks.probes.calls`: the function object the partials hold runs a trampoline that calls the hook with its frame,
 then the original code), and reads the frame's arguments (state, handle, param group). No trace function is
-installed, so the rest of the step runs at full speed, and the runtime evidence of ``watch`` (a trace function on
-the original code objects) still sees the original code run. Frames whose outcome matters (did this FSDP2
+installed, so the rest of the step runs at full speed. Runtime evidence (`checks.ranks.marks`) may watch the same
+functions: the trampoline fires its mark (`checks.ranks.codeswap`). Frames whose outcome matters (did this FSDP2
 ``unshard`` start an all-gather?) are also observed at return. Backward runs on the calling thread while
 recording (``torch.autograd.set_multithreading_enabled(False)``) so that events keep one order on GPU too.
 
