@@ -76,6 +76,7 @@ def test_source_block_shows_live_code_with_torch_line_numbers_and_pinned_notes(t
     assert "handle._prefetched = 1" in edited and "not found ▸" in edited  # the note lost its line, visibly
 
 
+@pytest.mark.shared_index_cache  # the real guides; counts no cache
 def test_show_and_list_commands_on_the_real_guides(capsys) -> None:
     readings = Path(__file__).resolve().parents[2] / "readings"
     assert main(["--readings", str(readings), "list"]) == 0

@@ -29,6 +29,8 @@ from reader.gate.workspace import Workspace
 from reader.views.guide import CROPPED, print_guide
 from tests.reader.reader_support import PREFETCH_ANCHOR, guide, make_tree
 
+pytestmark = pytest.mark.shared_index_cache  # renders the real guides; counts no cache
+
 READINGS = Path(__file__).resolve().parents[2] / "readings"
 RUNTIME = "torch/distributed/fsdp/_runtime_utils.py"
 FLAT_PARAM = "torch/distributed/fsdp/_flat_param.py"
