@@ -1,6 +1,6 @@
 """A process that has imported torch once and forks rank processes from that state.
 
-A rank started as a fresh interpreter spends seconds of CPU importing torch, its distributed packages and the
+A rank started as a fresh interpreter spends most of its start importing torch, its distributed packages and the
 probes before it can join a group; a pool of N ranks pays that N times, and every test that builds its own pool
 pays it again. The zygote pays it once per session: `Zygote.spawn` asks it for a rank, it forks, and the child
 runs `checks.ranks.worker.main` with the imports already done (it then joins its process group as any rank does).
@@ -276,8 +276,8 @@ def _serve(sock: socket.socket) -> None:
 
 def _warm_up() -> None:
     """Run once, before any fork, what every rank's first check would otherwise pay for: the lazy imports and
-    registrations behind the first meta-device module, forward, backward and optimizer step (about 1.3 s of a
-    rank's first mini_gpt build alone). One thread, no process group: nothing here is unsafe to fork."""
+    registrations behind the first meta-device module, forward, backward and optimizer step. One thread, no
+    process group: nothing here is unsafe to fork."""
     import torch
 
     from mini_gpt import GPT, preset

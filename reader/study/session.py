@@ -30,7 +30,9 @@ class Session:
     guides: list[Guide]
     broken: list[GuideError]
     report: SessionReport
-    guide_ids: list[str]  # every guide of the readings that parsed, asked for or not (the path's ids)
+    # Every guide's id, asked for or not, for the path; None when a guide did not load (the path then parses them
+    # itself, without checking check references, so a guide with a broken check is still on it).
+    guide_ids: list[str] | None
 
 
 def guide_named(given: str, ids: list[str]) -> str | list[str]:
@@ -56,9 +58,9 @@ def open_session(args: argparse.Namespace, console: Console) -> Session | int:
         return BROKEN
     args.readings = readings
     guides, broken = load_all([readings], CheckFinder(extra_paths=[readings.resolve().parent]))
-    every_id = [g.id for g in guides]
+    ids = [g.id for g in guides]
+    path_ids = None if broken else ids
     if args.guide_ids:
-        ids = [g.id for g in guides]
         resolved = [(given, guide_named(given, ids)) for given in args.guide_ids]
         unknown = [(given, found) for given, found in resolved if not isinstance(found, str)]
         asked_broken = _broken_named([given for given, _ in unknown], broken)
@@ -95,7 +97,7 @@ def open_session(args: argparse.Namespace, console: Console) -> Session | int:
     for error in broken:
         # The problems quote the guide (TOML, `[[claims]]`): printed as text, never read as markup.
         console.print(error.render(), style="red", highlight=False, markup=False)
-    return Session(workspace, guides, broken, report, every_id)
+    return Session(workspace, guides, broken, report, path_ids)
 
 
 def _broken_named(given: list[str], broken: list[GuideError]) -> list[GuideError]:
