@@ -69,15 +69,36 @@ def test_a_rank_sees_the_search_path_the_pool_had_when_it_started(
 
 
 def test_another_environment_gets_a_zygote_of_its_own(manager: PoolManager, monkeypatch: pytest.MonkeyPatch) -> None:
-    before = process(manager)
-    monkeypatch.setenv("FSDP_READINGS_ZYGOTE_TEST", "set")
+    """A variable an import could read (torch reads many) is set before the imports: by a zygote of its own."""
+    before = process(manager, variable="ZYGOTE_TEST_AT_IMPORT")
+    monkeypatch.setenv("ZYGOTE_TEST_AT_IMPORT", "set")
     other = PoolManager(backend="gloo", timeout=30)
     try:
-        after = process(other)
+        after = process(other, variable="ZYGOTE_TEST_AT_IMPORT")
     finally:
         other.close()
     assert {v["variable"] for v in before} == {None} and {v["variable"] for v in after} == {"set"}
     assert {v["parent"] for v in after}.isdisjoint(v["parent"] for v in before)
+
+
+def test_the_projects_own_variables_reach_the_ranks_from_the_same_zygote(
+    manager: PoolManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``FSDP_READINGS_*`` is read when used, so a pool with other values forks from the same zygote (every test
+    here has a data directory of its own) and its ranks see the pool's values, an unset one unset."""
+    monkeypatch.setenv("FSDP_READINGS_ZYGOTE_TEST", "first")
+    first = process(manager)
+    monkeypatch.setenv("FSDP_READINGS_ZYGOTE_TEST", "second")
+    for expected in ("second", None):
+        other = PoolManager(backend="gloo", timeout=30)
+        try:
+            values = process(other)
+        finally:
+            other.close()
+        assert {v["variable"] for v in values} == {expected}
+        assert {v["parent"] for v in values} == {v["parent"] for v in first}
+        monkeypatch.delenv("FSDP_READINGS_ZYGOTE_TEST", raising=False)
+    assert {v["variable"] for v in first} == {"first"}
 
 
 def test_a_killed_zygote_takes_its_ranks_and_the_next_pool_forks_from_a_new_one(manager: PoolManager) -> None:
@@ -133,3 +154,37 @@ def test_the_last_release_without_a_hold_stops_the_zygote(tmp_path: Path) -> Non
         [sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=120, env=env
     )
     assert done.returncode == 0 and done.stdout.strip() == "stopped", done.stderr[-2000:]
+
+
+def test_a_preloaded_module_is_imported_before_the_fork(
+    manager: PoolManager, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "preloaded_for_ranks.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # the zygote's own path: it started with this test's environment
+    monkeypatch.setenv("ZYGOTE_TEST_PRELOAD", "own zygote")  # one started after the module exists
+    with zygotes.preloading("preloaded_for_ranks"):
+        other = PoolManager(backend="gloo", timeout=30)
+        try:
+            values = process(other, module="preloaded_for_ranks")
+        finally:
+            other.close()
+    assert all(v["imported_before"] and v["module_found"] for v in values)
+    assert not any(v["imported_before"] for v in process(manager, module="json_not_preloaded_here"))
+
+
+def test_a_preload_that_starts_a_thread_makes_the_ranks_start_as_interpreters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "threaded_for_ranks.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("ZYGOTE_TEST_PRELOAD", "threaded")
+    with zygotes.preloading("threaded_for_ranks"):
+        other = PoolManager(backend="gloo", timeout=30)
+        try:
+            values = process(other)
+        finally:
+            other.close()
+        assert zygotes._REGISTRY.preloads == ()  # the next zygote would refuse too
+    assert all(v["parent"] == os.getpid() for v in values)  # interpreters of this process, not forks

@@ -154,7 +154,7 @@ class RankPool:
         if self._zygote is None:
             return None, -1
         try:
-            return self._zygote.spawn(argv, env["PYTHONPATH"], log_fd, rank_fd)
+            return self._zygote.spawn(argv, env, log_fd, rank_fd)
         except zygotes.ZygoteError as exc:
             print(f"fsdp-readings: starting ranks without a zygote: {exc}", file=sys.stderr)
             zygotes.release(self._zygote)

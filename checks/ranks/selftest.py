@@ -30,11 +30,13 @@ def identify(ctx: RankContext) -> dict[str, Any]:
 
 
 def process(ctx: RankContext, variable: str = "FSDP_READINGS_ZYGOTE_TEST", module: str | None = None) -> dict[str, Any]:
-    """This rank's process as it was started: its parent, its session, an environment variable, and whether
-    ``module`` imports (from the pool's search path)."""
+    """This rank's process as it was started: its parent, its session, an environment variable, whether
+    ``module`` imports (from the pool's search path) and whether it was imported before this check."""
     import importlib
+    import sys
 
     found = True
+    imported_before = module in sys.modules
     if module is not None:
         try:
             importlib.import_module(module)
@@ -46,6 +48,7 @@ def process(ctx: RankContext, variable: str = "FSDP_READINGS_ZYGOTE_TEST", modul
         "session": os.getsid(0),
         "variable": os.environ.get(variable),
         "module_found": found,
+        "imported_before": imported_before,
     }
 
 

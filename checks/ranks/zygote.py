@@ -14,9 +14,12 @@ status (as `subprocess` return codes: -N for a signal); a rank process on the po
 which answers ``poll`` and ``wait`` like a ``Popen``. The zygote also hands over a pidfd for each child, opened
 before the child could be reaped, so the pool can wait on the child's death without racing pid reuse.
 
-One zygote serves every spawn whose environment (``PYTHONPATH`` aside: each rank gets the pool's own search path),
-working directory and interpreter are those it started with; a spawn with other ones gets a zygote of its own (a
-test that sets a variable torch reads at import sees it). Zygotes are shared by the pools of a process and counted:
+One zygote serves every spawn whose environment, working directory and interpreter are those it started with; a
+spawn with other ones gets a zygote of its own (a test that sets a variable torch reads at import sees it). Two
+kinds of variable do not count, because nothing reads them at import: ``PYTHONPATH`` (each rank gets the pool's
+own search path), and this project's ``FSDP_READINGS_*`` and pytest's ``PYTEST_CURRENT_TEST`` (read when used;
+each rank gets the pool's values). Both change from test to test (the suite gives every test its own data
+directory): counted, they would start a zygote per test. Zygotes are shared by the pools of a process and counted:
 `acquire` starts one (without waiting for its imports), `release` stops it when its last pool leaves, unless
 someone `hold`s zygotes for longer: a `PoolManager` while it is open, the pytest plugin for the session (which
 also starts one once collection found claims, so its imports overlap the anchor items).
@@ -34,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -41,6 +45,8 @@ from typing import Any
 
 _MESSAGE_LIMIT = 1 << 20
 START_TIMEOUT = 120.0
+CALL_TIME_PREFIX = "FSDP_READINGS_"  # this project's variables: read when used, never at import (see above)
+CALL_TIME = frozenset({"PYTEST_CURRENT_TEST"})  # set by pytest for each test
 
 
 class ZygoteError(RuntimeError):
@@ -83,11 +89,11 @@ class Zygote:
     children: dict[int, ForkedRank] = field(default_factory=dict)
     dead: bool = False
 
-    def spawn(self, argv: list[str], search_path: str, log_fd: int, rank_fd: int) -> tuple[ForkedRank, int]:
-        """Fork a rank running ``checks.ranks.worker.main(argv + --fd, --parent-pid)`` with ``search_path`` (a
-        ``PYTHONPATH``) in front of its ``sys.path``, its output on ``log_fd`` and ``rank_fd`` as its socket to the
-        pool. Returns the rank and a pidfd of it."""
-        message = pickle.dumps(("spawn", argv, search_path))
+    def spawn(self, argv: list[str], env: dict[str, str], log_fd: int, rank_fd: int) -> tuple[ForkedRank, int]:
+        """Fork a rank running ``checks.ranks.worker.main(argv + --fd, --parent-pid)`` with ``env``'s
+        ``PYTHONPATH`` in front of its ``sys.path`` and its `call_time` variables in its environment, its output on
+        ``log_fd`` and ``rank_fd`` as its socket to the pool. Returns the rank and a pidfd of it."""
+        message = pickle.dumps(("spawn", argv, env.get("PYTHONPATH", ""), call_time(env), _REGISTRY.preloads))
         try:
             self._await_ready()
             socket.send_fds(self.sock, [message], [log_fd, rank_fd])
@@ -96,6 +102,9 @@ class Zygote:
                 if reply[0] == "spawned":
                     rank = self.children[reply[1]] = ForkedRank(reply[1], self)
                     return rank, fds[0]
+                if reply[0] == "refused":
+                    _REGISTRY.preloads = ()  # the next zygote would refuse too
+                    raise ZygoteError(reply[1])
                 self._record(reply)
         except (OSError, EOFError, ZygoteError) as exc:
             output = _tail(self.log)
@@ -169,9 +178,25 @@ class _Registry:
     zygotes: dict[tuple[Any, ...], Zygote] = field(default_factory=dict)
     holds: int = 0
     exit_hook: bool = False
+    preloads: tuple[str, ...] = ()
 
 
 _REGISTRY = _Registry()
+
+
+@contextlib.contextmanager
+def preloading(*modules: str) -> Iterator[None]:
+    """While open, have every zygote import ``modules`` before its next fork, so ranks start with them imported
+    (a test module whose checks build Hugging Face models, say, pays for ``transformers`` once, not once per rank).
+    A module that cannot be imported there is left for the ranks to import (and fail on) themselves; one whose
+    import starts a thread makes the zygote refuse to fork, and the pool start its ranks as interpreters. A zygote
+    keeps what it imported after the block closes; only zygotes started later go without."""
+    kept = _REGISTRY.preloads
+    _REGISTRY.preloads = tuple(dict.fromkeys((*kept, *modules)))
+    try:
+        yield
+    finally:
+        _REGISTRY.preloads = kept
 
 
 def hold() -> None:
@@ -191,7 +216,7 @@ def unhold() -> None:
 def acquire(env: dict[str, str], cwd: Path) -> Zygote:
     """A zygote for ranks with this environment and directory, started if none runs (its imports go on in the
     background until its first `Zygote.spawn`). Give it back with `release`."""
-    key = (sys.executable, str(cwd), tuple(sorted((k, v) for k, v in env.items() if k != "PYTHONPATH")))
+    key = (sys.executable, str(cwd), tuple(sorted((k, v) for k, v in env.items() if not _read_when_used(k))))
     found = _REGISTRY.zygotes.get(key)
     if found is None or found.dead or found.proc.poll() is not None:
         if found is not None:
@@ -202,6 +227,19 @@ def acquire(env: dict[str, str], cwd: Path) -> Zygote:
             _REGISTRY.exit_hook = True
     found.users += 1
     return found
+
+
+def _read_when_used(variable: str) -> bool:
+    return variable == "PYTHONPATH" or is_call_time(variable)
+
+
+def is_call_time(variable: str) -> bool:
+    return variable.startswith(CALL_TIME_PREFIX) or variable in CALL_TIME
+
+
+def call_time(env: dict[str, str]) -> dict[str, str]:
+    """The variables of ``env`` a zygote's key leaves out but a rank must see: this project's, and pytest's."""
+    return {k: v for k, v in env.items() if is_call_time(k)}
 
 
 def release(zygote: Zygote) -> None:
@@ -257,11 +295,16 @@ def _serve(sock: socket.socket) -> None:
                 data, fds, _, _ = socket.recv_fds(sock, _MESSAGE_LIMIT, 4)
                 if not data:
                     return  # the pool's process closed its end: stop (the children's pool kills them)
-                _, argv, search_path = pickle.loads(data)
+                _, argv, search_path, variables, modules = pickle.loads(data)
                 log_fd, rank_fd = fds
+                if refused := _preload(modules):
+                    os.close(log_fd)
+                    os.close(rank_fd)
+                    sock.send(pickle.dumps(("refused", refused)))
+                    continue
                 pid = os.fork()
                 if pid == 0:
-                    _become_rank(sock, list(children), argv, search_path, fds=(log_fd, rank_fd))
+                    _become_rank(sock, list(children), argv, search_path, variables, fds=(log_fd, rank_fd))
                 os.close(log_fd)
                 os.close(rank_fd)
                 pidfd = os.pidfd_open(pid)
@@ -272,6 +315,25 @@ def _serve(sock: socket.socket) -> None:
                 _, status = os.waitpid(pid, 0)
                 os.close(handle)
                 sock.send(pickle.dumps(("exited", pid, os.waitstatus_to_exitcode(status))))
+
+
+def _preload(modules: tuple[str, ...]) -> str | None:
+    """Import what `preload` asked for and is not imported yet; why forking is no longer safe, or None."""
+    import gc
+    import importlib
+
+    missing = [m for m in modules if m not in sys.modules]
+    if not missing:
+        return None
+    for module in missing:
+        with contextlib.suppress(Exception):
+            importlib.import_module(module)
+    threads = len(list(Path("/proc/self/task").iterdir()))
+    if threads != 1:
+        return f"importing {', '.join(missing)} left {threads} threads in the zygote; forking now would not be safe"
+    gc.collect()
+    gc.freeze()
+    return None
 
 
 def _warm_up() -> None:
@@ -298,10 +360,16 @@ def _warm_up() -> None:
 
 
 def _become_rank(
-    sock: socket.socket, siblings: list[int], argv: list[str], search_path: str, *, fds: tuple[int, int]
+    sock: socket.socket,
+    siblings: list[int],
+    argv: list[str],
+    search_path: str,
+    variables: dict[str, str],
+    *,
+    fds: tuple[int, int],
 ) -> None:
     """In the forked child: a rank's own session, output (``fds``: the log, then the socket to the pool), search
-    path and arguments, then the worker's loop."""
+    path, the pool's values of the variables read when used, and arguments, then the worker's loop."""
     log_fd, rank_fd = fds
     try:
         parent = os.getppid()
@@ -318,6 +386,9 @@ def _become_rank(
         front = [p for p in search_path.split(os.pathsep) if p]
         sys.path[:] = front + [p for p in sys.path if p not in front]  # as the pool's PYTHONPATH would set it
         os.environ["PYTHONPATH"] = search_path
+        for name in [n for n in os.environ if is_call_time(n)]:
+            del os.environ[name]  # the zygote's own values: the pool may have unset one
+        os.environ.update(variables)
         from checks.ranks import worker
 
         worker.main([*argv, f"--fd={rank_fd}", f"--parent-pid={parent}"])

@@ -9,12 +9,14 @@ import argparse
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
 from checks.inspect import compare, policy
+from checks.ranks import zygote as zygotes
 from reader.commands import inspect as inspect_command
 from reader.commands.app import make_console
 
@@ -36,9 +38,24 @@ def run_json(argv: list[str]) -> tuple[int, dict]:
     return code, json.loads(out)
 
 
-def _transformers() -> None:
+HUGGING_FACE_MODULES = ("transformers", "transformers.models.gpt2.modeling_gpt2",
+                        "transformers.models.resnet.modeling_resnet")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def hugging_face() -> Iterator[None]:
+    """Transformers offline, imported once by the zygote the ranks fork from rather than by every rank."""
     pytest.importorskip("transformers", reason="the models extra is not installed: pip install '.[models]'")
+    kept = os.environ.get("HF_HUB_OFFLINE")
     os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        with zygotes.preloading(*HUGGING_FACE_MODULES):
+            yield
+    finally:
+        if kept is None:
+            del os.environ["HF_HUB_OFFLINE"]
+        else:
+            os.environ["HF_HUB_OFFLINE"] = kept
 
 
 FSDP_SECTIONS = {"units", "layout", "memory", "collectives", "prefetch", "gradients"}
@@ -170,6 +187,7 @@ def test_reference_zero3_gathers_blocks_that_return_pairs_under_a_root_without_p
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("hugging_face")
 @pytest.mark.parametrize(
     ("factory", "batch", "wrap", "ranks", "strategy"),
     [("gpt2", "gpt2_batch", "GPT2Block", "2", "full-shard"), ("gpt2", "gpt2_batch", "GPT2Block", "4", "full-shard"),
@@ -182,7 +200,6 @@ def test_reference_zero3_gathers_blocks_that_return_pairs_under_a_root_without_p
 )  # fmt: skip
 def test_hugging_face_models_are_measured_as_predicted(factory: str, batch: str, wrap: str, ranks: str,
                                                        strategy: str) -> None:  # fmt: skip
-    _transformers()
     argv = [f"{EXAMPLES}:{factory}", "--input", f"{EXAMPLES}:{batch}", "--wrap", wrap, "-n", ranks, "--strategy",
             strategy]  # fmt: skip
     code, doc = run_json(argv)
@@ -201,8 +218,7 @@ def test_a_model_that_runs_its_units_in_reverse_is_a_difference_and_the_prefetch
     assert pre["note"].startswith("torch ran the units in another order")
 
 
-def test_meta_inspects_a_billion_parameter_gpt2_with_no_run() -> None:
-    _transformers()
+def test_meta_inspects_a_billion_parameter_gpt2_with_no_run(hugging_face: None) -> None:
     code, out = run([f"{EXAMPLES}:gpt2_1b", "--meta", "--wrap", "GPT2Block", "-n", "64", "--strategy", "full-shard"],
                     width=160)  # fmt: skip
     assert code == 0
