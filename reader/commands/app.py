@@ -16,7 +16,7 @@ from typing import Any
 
 from rich.console import Console
 
-from reader.commands import estimate, guides, inspect, path, search
+from reader.commands import estimate, guides, inspect, path, search, site
 from reader.gate import upgrade_gate
 from reader.study import check, exercise, layout, memory, predict, timeline
 
@@ -82,6 +82,12 @@ COMMANDS: list[Command] = [
         "the guides, claims, notes, symbols and terms that mention every word given",
         search.configure,
         search.run,
+    ),
+    Command(
+        "site",
+        "the guides as a static site: annotated source side by side, each claim's last result (open OUT/index.html)",
+        site.configure,
+        site.run,
     ),
     Command("glossary", "the words the guides use, defined", path.configure_glossary, path.run_glossary),
     Command(

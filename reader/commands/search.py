@@ -5,16 +5,14 @@ Predict answers and explanations are not searched: they stay hidden until asked.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 
 from rich.console import Console, Group
 from rich.text import Text
 
 from reader.format.errors import GuideError
-from reader.format.guide import Guide, Prose, SourceBlock
+from reader.format.hits import Hit, guide_hits, matches
 from reader.format.parse import find_readings, load_all
 from reader.format.path import load_glossary
-from reader.format.predict import PredictQuestion
 from reader.study.session import BROKEN, CLEAN, display
 from reader.views.fit import indented
 
@@ -26,14 +24,6 @@ EXAMPLES = """examples:
 exit status: 0 something found, 1 nothing found, 2 broken input"""
 
 SNIPPET = 100  # characters of a matching line shown
-
-
-@dataclass(frozen=True)
-class Hit:
-    kind: str  # guide | prose | claim | note | anchor | question | term
-    where: str  # "readings/06-backward-prefetch.md:212", or the glossary
-    text: str
-    open: str  # the command that shows it
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +46,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         terms = ()
     glossary = display(readings / "glossary.toml")
     for term in terms:
-        if _matches(f"{term.term} {term.means}", words):
+        if matches(f"{term.term} {term.means}", words):
             hits.append(Hit("term", glossary, f"{term.term}: {term.means}", f"fsdp-readings glossary {term.term!r}"))
     if not hits:
         console.print(f"nothing mentions {' '.join(args.words)!r} (try fewer words, or fsdp-readings glossary)")
@@ -68,40 +58,6 @@ def run(args: argparse.Namespace, console: Console) -> int:
         lines.append(indented(hit.open, console.width, "dim", indent="  "))
     console.print(Group(*lines), soft_wrap=False)
     return CLEAN
-
-
-def guide_hits(guide: Guide, words: list[str]) -> list[Hit]:
-    path = display(guide.path)
-    show = f"fsdp-readings show {guide.id}"
-    found: list[Hit] = []
-    if _matches(f"{guide.id} {guide.title}", words):
-        found.append(Hit("guide", f"{path}:{guide.id_line}", f"{guide.id}: {guide.title}", show))
-    for anchor in guide.anchors:
-        if _matches(f"{anchor.name} {anchor.symbol}", words):
-            found.append(Hit("anchor", f"{path}:{anchor.line}", f"{anchor.name} = {anchor.symbol}", show))
-    for claim in guide.claims:
-        if _matches(f"{claim.id} {claim.statement}", words):
-            text = f"{claim.id}: {claim.statement}"
-            found.append(Hit("claim", f"{path}:{claim.line}", text, f"fsdp-readings check {guide.id} {claim.id}"))
-    for block in guide.regions_of(SourceBlock):
-        for note in block.notes:
-            if _matches(note.text, words):
-                found.append(Hit("note", f"{path}:{note.line}", note.text, show))
-    for question in guide.regions_of(PredictQuestion):
-        if _matches(question.question, words):
-            found.append(
-                Hit("question", f"{path}:{question.start}", question.question, f"fsdp-readings predict {guide.id}")
-            )
-    for prose in guide.regions_of(Prose):
-        for offset, line in enumerate(prose.text.split("\n")):
-            if _matches(line, words):
-                found.append(Hit("prose", f"{path}:{prose.start + offset}", line.strip(), show))
-    return found
-
-
-def _matches(text: str, words: list[str]) -> bool:
-    folded = text.casefold()
-    return all(word in folded for word in words)
 
 
 def _snippet(text: str, words: list[str]) -> str:

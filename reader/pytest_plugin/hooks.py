@@ -35,6 +35,7 @@ import pytest
 from rich.console import Console
 
 from checks.ranks.protocol import CheckRequest, CheckRun, Patch
+from reader.claims import pictures
 from reader.claims.progress import Progress, ProgressError
 from reader.claims.request import traced_request
 from reader.claims.verdict import failure_summary
@@ -247,6 +248,8 @@ def _record(reader: ReaderSession, item: GuideItem, report: pytest.TestReport) -
         row.claims.append(claim)
         if verdict is not None:  # the claim was judged (not a preview, a slow skip or a missing GPU)
             reader.findings.results[(guide.id, item.claim.id)] = outcome
+            if outcome == "passed" and set(item.claim.views) & set(pictures.DRAWN):
+                reader.findings.pictures[(guide.id, item.claim.id)] = (item.claim.views, pictures.rank_zero(verdict))
 
 
 def _locate(reader: ReaderSession, guide: Guide, item: ClaimItem, claim: ClaimRow, run: CheckRun | None) -> None:
@@ -333,6 +336,11 @@ def _remember(reader: ReaderSession) -> None:
         for (guide_id, claim_id), outcome in findings.results.items():
             progress.record_claim(guide_id, claim_id, outcome, workspace.torch_version)
         progress.save()
+        if findings.pictures:  # for the site's pages (`fsdp-readings site`)
+            drawn = pictures.Pictures()
+            for (guide_id, claim_id), (views, value) in findings.pictures.items():
+                drawn.record(guide_id, claim_id, views, value, workspace.torch_version)
+            drawn.save()
     except (ProgressError, OSError) as exc:
         findings.progress_problem = f"claim results not recorded: {exc}"
 

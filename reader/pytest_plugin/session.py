@@ -165,6 +165,8 @@ class Findings:
     written: tuple[Path, Path] | None = None  # the drift report's JSON and Markdown files
     verdicts: dict[tuple[str, str], Any] = field(default_factory=dict)  # (guide id, claim id) → ClaimVerdict
     results: dict[tuple[str, str], str] = field(default_factory=dict)  # judged claims' item outcomes, to record
+    # (guide id, claim id) → (its declared views, rank 0's value) of passing claims that draw memory or a layout
+    pictures: dict[tuple[str, str], tuple[tuple[str, ...], Any]] = field(default_factory=dict)
     progress_problem: str | None = None  # why the results could not be recorded
 
     approving: frozenset[str] = frozenset()  # the guides --approve approves, once collection is done

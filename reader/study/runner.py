@@ -7,6 +7,7 @@ request, the same judgement), on a `checks.ranks.manager.PoolManager` of this pr
 from __future__ import annotations
 
 import argparse
+import contextlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Any
 from rich.console import Console
 
 from checks.ranks.protocol import CheckRequest, CheckRun
+from reader.claims.pictures import Pictures, rank_zero
 from reader.claims.progress import Progress, ProgressError
 from reader.claims.verdict import ClaimVerdict, decide, gpu_skip
 from reader.format.guide import ClaimSpec, Guide
@@ -114,10 +116,19 @@ def remember(runner: ClaimRunner, scores: Progress | None = None, console: Conso
             console.print(f"[yellow]{exc}[/]")
         return
     torch = runner.session.workspace.torch_version
+    drawn = Pictures()
+    views = {(g.id, c.id): c.views for g in runner.session.guides for c in g.claims}
+    recorded = False
     for (guide_id, claim_id), verdict in runner.verdicts().items():
         scores.record_claim(guide_id, claim_id, verdict.status.value, torch)
+        if verdict.status.value == "passed":
+            value = rank_zero(verdict)
+            recorded |= drawn.record(guide_id, claim_id, views.get((guide_id, claim_id), ()), value, torch)
     if owned and runner.verdicts():
         scores.save()
+    if recorded:
+        with contextlib.suppress(OSError):  # the pictures are the site's cache: a run never fails over them
+            drawn.save()
 
 
 def pool_options(parser: argparse.ArgumentParser) -> None:

@@ -29,14 +29,13 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from reader.format.guide import ClaimSpec, ExpectBlock, Guide, Note, Prose, SourceBlock, block_reference
+from reader.format.guide import ClaimSpec, ExpectBlock, Guide, Prose, SourceBlock, block_reference
 from reader.format.predict import PredictQuestion
 from reader.gate.workspace import Workspace
-from reader.source.anchors import AnchorError, NoteMatch, Resolution
+from reader.source.anchors import Resolution
 from reader.source.checkref import CheckFinder
-from reader.source.patterns import find
+from reader.views.quote import BrokenQuote, PinnedNote, quote
 
-_OK_DRIFT = {"unchanged", "moved", "cosmetic"}
 _CODE_THEME = "ansi_dark"
 CONTINUED = "↪"  # in the number column: this row continues the numbered line above
 CROPPED = "…"  # the last cell of a diagram row cut at the console's edge
@@ -147,103 +146,24 @@ def _header(guide: Guide, workspace: Workspace) -> RenderableType:
     return Panel(title, border_style="cyan")
 
 
-@dataclass(frozen=True)
-class PinnedNote:
-    """A note with where it landed: ``match.line`` to ``last`` are the file lines its pattern covers (what the
-    label cites and the quote marks), ``after`` the line the note is shown under (see `pin_notes`)."""
-
-    note: Note
-    match: NoteMatch
-    after: int
-    last: int = 0  # the last line the pattern covers; 0 when it is not pinned
-
-    @property
-    def pinned(self) -> bool:
-        return self.match.count == 1
-
-    @property
-    def lines(self) -> range:
-        return range(self.match.line, max(self.last, self.match.line) + 1) if self.pinned else range(0)
-
-    @property
-    def label(self) -> str:
-        if self.pinned:
-            first, last = self.lines[0], self.lines[-1]
-            return f"L{first} ▸" if first == last else f"L{first}–{last} ▸"
-        return "not found ▸" if self.match.count == 0 else f"×{self.match.count} ▸"
-
-
-def pin_notes(block_notes: Sequence[Note], found: Resolution, matches: Sequence[NoteMatch]) -> list[PinnedNote]:
-    """The block's notes in the order they are shown: pinned ones by line (ties in note order), each placed
-    after the last line its pattern covers, but never before a note of an earlier line (so the notes read in
-    line order even when a multi-line match encloses the next note's line); then, in note order, the ones
-    that land nowhere or in several places."""
-    pinned: list[tuple[int, int, Note, NoteMatch, int]] = []
-    lost: list[PinnedNote] = []
-    for index, (note, match) in enumerate(zip(block_notes, matches, strict=True)):
-        if match.count != 1:
-            lost.append(PinnedNote(note, match, found.end))
-            continue
-        (only,) = find(found.text, note.pattern)
-        pinned.append((match.line, index, note, match, found.start + only.end[0] - 1))
-    shown: list[PinnedNote] = []
-    after = found.start
-    for line, _, note, match, last in sorted(pinned, key=lambda p: (p[0], p[1])):
-        after = min(max(after, line, last), found.end)
-        shown.append(PinnedNote(note, match, after, last))
-    return shown + lost
-
-
 def source_panel(guide: Guide, block: SourceBlock, workspace: Workspace) -> RenderableType:
     """The anchor's live code with its notes: the heart of a reading guide. The quote is cut after each line a
-    note pins and the note is shown right there, so notes read in line order next to their code."""
-    anchor = guide.anchor(block.anchor)
-    found = workspace.current(anchor)
-    if isinstance(found, AnchorError):
-        body = Text(f"{anchor.symbol}\n{found.render()}", style="red")
-        return Panel(body, title=Text(anchor.name, style="bold"), border_style="red", title_align="left")
-    shown_notes = block.notes_for(workspace.torch_version)
-    matches = workspace.resolver.notes(found, [note.pattern for note in shown_notes])
-    notes = pin_notes(shown_notes, found, matches)
-    highlighted = {line for p in notes for line in p.lines}
-    code = QuotedCode.of(found, highlighted)
-
+    note pins and the note is shown right there, so notes read in line order next to their code. The cuts come
+    from `reader.views.quote.quote`, which the site's pages render from too."""
+    quoted = quote(guide, block, workspace)
+    if isinstance(quoted, BrokenQuote):
+        body = Text(f"{quoted.symbol}\n{quoted.error.render()}", style="red")
+        return Panel(body, title=Text(quoted.name, style="bold"), border_style="red", title_align="left")
+    code = QuotedCode.of(quoted.found, set(quoted.highlighted))
     parts: list[RenderableType] = []
-    first = shown_start(found)
-    for after in sorted({p.after for p in notes if p.pinned}):
-        parts.append(code.lines(first, after))
-        parts.append(notes_table([p for p in notes if p.pinned and p.after == after]))
-        first = after + 1
-    if first <= found.end:
-        parts.append(code.lines(first, found.end))
-    lost = [p for p in notes if not p.pinned]
-    if lost:
-        parts.append(notes_table(lost))
-
-    drift = workspace.drift(guide, anchor)
-    status = drift.kind.value
-    style = "green" if status in _OK_DRIFT else "yellow"
-    location = f"{found.relpath}:{shown_start(found)}-{found.end}"
-    return SourcePanel(anchor.name, location, anchor.qualname or anchor.symbol, status, style, parts)
-
-
-_BANNER_RULE = re.compile(r"^\s*#{3,}\s*$")
-_COMMENT = re.compile(r"^\s*#")
-
-
-def shown_start(found: Resolution) -> int:
-    """The first line a quote shows: the anchor's, unless it opens with a section banner (a comment boxed by rows
-    of ``#``, such as ``# INITIALIZATION #`` above ``FlatParamHandle.__init__``). The banner heads the section of
-    the file the definition opens, not the definition, though the index counts it among its comments."""
-    lines = found.text.split("\n")
-    if not lines or not _BANNER_RULE.match(lines[0]):
-        return found.start
-    for offset, line in enumerate(lines[1:], start=1):
-        if _BANNER_RULE.match(line):
-            return found.start + offset + 1 if offset + 1 < len(lines) else found.start
-        if not _COMMENT.match(line):
-            return found.start
-    return found.start
+    for segment in quoted.segments:
+        parts.append(code.lines(segment.first, segment.last))
+        if segment.notes:
+            parts.append(notes_table(segment.notes))
+    if quoted.lost:
+        parts.append(notes_table(quoted.lost))
+    style = "green" if quoted.ok else "yellow"
+    return SourcePanel(quoted.name, quoted.location, quoted.qualname, quoted.status, style, parts)
 
 
 @dataclass(frozen=True)

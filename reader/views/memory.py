@@ -128,7 +128,8 @@ def svg(series: Series, title: str) -> str:
     width = label_w + bar_w + value_w
     ground = f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>'  # opaque when turned into PNG
     return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        f'font-family="sans-serif" '
         f'font-size="12">\n{ground}\n' + "\n".join(body) + "\n</svg>\n"
     )
 

@@ -27,7 +27,8 @@ from reader.gate.workspace import LOCK_NAME, Workspace
 from reader.source.anchors import AnchorError, Resolution
 from reader.source.checkref import CheckFinder
 from reader.source.torch_source import open_source
-from reader.views.guide import sentence_markdown, shown_start, verbatim_rst
+from reader.views.guide import sentence_markdown, verbatim_rst
+from reader.views.quote import shown_start
 
 pytestmark = pytest.mark.shared_index_cache  # renders the real guides; counts no cache
 
