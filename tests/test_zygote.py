@@ -101,7 +101,11 @@ def test_the_projects_own_variables_reach_the_ranks_from_the_same_zygote(
     assert {v["variable"] for v in first} == {"first"}
 
 
-def test_a_killed_zygote_takes_its_ranks_and_the_next_pool_forks_from_a_new_one(manager: PoolManager) -> None:
+def test_a_killed_zygote_takes_its_ranks_and_the_next_pool_forks_from_a_new_one(
+    manager: PoolManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A zygote of this test's own: the session's serves the session's pools, whose ranks would die with it.
+    monkeypatch.setenv("ZYGOTE_TEST_KILLED", "own zygote")
     values = process(manager)
     [zygote_pid] = {v["parent"] for v in values}
     os.kill(zygote_pid, signal.SIGKILL)
