@@ -63,3 +63,16 @@ def test_a_failed_or_undeclared_run_records_no_picture(tmp_path: Path) -> None:
     assert not pictures.record("g", "c", ("memory",), {"layout": {"x": 1}}, "2.13.0")  # it declares memory only
     assert pictures.record("g", "c", ("memory",), {"series": {"a": [("m", {"params": 1})]}}, "2.13.0")
     assert pictures.of("g", "c", "2.15.0") == {}  # recorded on another torch: not this one's picture
+
+
+def test_a_view_run_records_its_picture_too(tmp_path: Path) -> None:
+    """``fsdp-readings layout`` runs the claim through the study runner, which keeps the picture as pytest does."""
+    data = tmp_path / "data"
+    env = {**os.environ, "FSDP_READINGS_DATA_DIR": str(data), "COLUMNS": "120"}
+    ran = subprocess.run([sys.executable, "-m", "reader", "--readings", str(READINGS), "layout", "12-flat-parameter",
+                          "layout-at-4"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
+                         check=False)  # fmt: skip
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    stored = Pictures(data / "pictures.json").of("12-flat-parameter", "layout-at-4", installed_torch())
+    assert set(stored) == {"layout"}
+    assert diagram_lines(stored["layout"], width=100)[0] in ran.stdout  # what the view drew is what it kept
