@@ -94,7 +94,9 @@ def test_an_extra_temporary_in_shard_grad_op_is_caught(broken) -> None:
         wrapping(f"{RU}:_post_backward_final_callback", drop_extra_temp),
     )
     assert (run.reason, run.details["bound"]) == ("other-peaks-differ", 64080)
-    assert run.details["observed"]["temp"] == EXTRA_TEMP_BYTES
+    # The extra 100,000 bytes are all seen. On top of them a reduce-scatter shard (32,040 bytes at N=2) can
+    # still be alive when the peak is read: seen once in CI. The claim's own bound admits that much.
+    assert 0 <= run.details["observed"]["temp"] - EXTRA_TEMP_BYTES < run.details["bound"]
 
 
 @pytest.mark.breaks("13-zero-stages", "shard-grad-op-peak-backward-pre")
