@@ -163,14 +163,15 @@ def guide_page(
     prose = ProseRenderer({"claims"})
     page = Page("", set(), prose)
     regions: list[Markup] = []
+    quote_keys: set[str] = set()
     for region in guide.regions:
         if isinstance(region, Prose):
             regions.append(Markup(prose.html(region.text, region.start)))
         elif isinstance(region, SourceBlock):
-            key = region.anchor
-            n = 2
-            while key in page.quote_ids.values():
+            key, n = region.anchor, 2
+            while f"source-{key}" in quote_keys:  # an anchor quoted again: ids stay unique on the page
                 key, n = f"{region.anchor}-{n}", n + 1
+            quote_keys.add(f"source-{key}")
             page.quote_ids.setdefault(region.anchor, key)
             quoted = quote(guide, region, workspace)
             if isinstance(quoted, BrokenQuote):
