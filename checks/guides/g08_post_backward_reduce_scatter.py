@@ -431,6 +431,23 @@ def clip_grad_norm_matches_ddp(ctx: RankContext, api: str, max_norm: float, rtol
     }
 
 
+def clip_never_scales_up(ctx: RankContext, api: str, max_norm: float) -> dict[str, Any]:
+    """With ``max_norm`` above the whole model's gradient norm, clipping leaves every gradient element this rank
+    holds bit for bit as it was: the factor ``max_norm / (norm + 1e-6)`` is above 1 and clamped to exactly 1."""
+    model = fsdp1_gpt(ctx) if api == "fsdp1" else fsdp2_gpt(ctx)
+    model(*batch(ctx))[1].backward()
+    before = _local_grads(model)
+    _, value = _clip(model, api, max_norm)
+    unclamped = max_norm / (value + 1e-6)
+    require(unclamped > 1.0, "norm-above-max", f"{api}'s norm {value!r} is not below max_norm {max_norm!r}",
+            observed=value, max_norm=max_norm)  # fmt: skip
+    after = _local_grads(model)
+    scaled = sorted(n for n, g in after.items() if not torch.equal(g, before[n]))
+    what = f"rank {ctx.rank}: gradients changed by a clip whose factor {unclamped:.6g} should be clamped to 1"
+    ctx.agreed(partial(require_equal, reason="scaled-up", what=what, rank=ctx.rank), scaled, [])
+    return {"norm": value, "max_norm": max_norm, "unclamped_factor": unclamped, "unchanged": len(after)}
+
+
 # -- break-it recipes: this guide's behaviour bent on purpose (tests/break_it/ applies them) --------------
 
 
@@ -557,6 +574,27 @@ def local_total_norm(original: Any, tensors: Any, *args: Any, **kwargs: Any) -> 
 
 
 # -- exercises: recipes above as puzzles (fsdp-readings exercise 08-post-backward-reduce-scatter) ----------------
+
+
+def clip_without_the_clamp_fsdp1(original: Any, self: Any, max_norm: float, norm_type: float = 2.0) -> Any:
+    """FSDP1's ``clip_grad_norm_`` followed by the rest of the unclamped factor: every gradient is multiplied by
+    ``max_norm / (norm + 1e-6)`` even when that is above 1."""
+    norm = original(self, max_norm, norm_type)
+    coef = max_norm / (norm + 1e-6)
+    for param in self.parameters():
+        if param.grad is not None:
+            param.grad.mul_(coef / torch.clamp(coef, max=1.0))
+    return norm
+
+
+def clip_without_the_clamp(original: Any, parameters: Any, max_norm: float, total_norm: Any, *args: Any) -> None:
+    """``_clip_grads_with_norm_`` with the factor left unclamped: gradients are scaled up below ``max_norm``."""
+    coef = max_norm / (total_norm + 1e-6)
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    for param in params:
+        if param.grad is not None:
+            param.grad.mul_(coef)
+
 
 EXERCISES = (
     Exercise(

@@ -7,6 +7,8 @@ from checks.breakit.patches import returning, skipping, wrapping
 from checks.guides.g08_post_backward_reduce_scatter import (
     clip_twice_on_rank_1,
     clip_without_all_reduce,
+    clip_without_the_clamp,
+    clip_without_the_clamp_fsdp1,
     defer_reduction,
     keep_reduced_dtype,
     local_total_norm,
@@ -207,3 +209,24 @@ def test_gradients_left_unscaled_are_caught(broken) -> None:
 def test_a_dtensor_norm_of_local_shards_is_caught_on_4_ranks(broken) -> None:
     run = broken(LOCAL_NORM)
     assert run.reason == "norm-differs"
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "fsdp1-clip-never-scales-up")
+def test_an_fsdp1_clip_without_the_clamp_is_caught(broken) -> None:
+    run = broken(wrapping(FSDP1_CLIP, clip_without_the_clamp_fsdp1))
+    assert run.reason == "scaled-up" and run.details["expected"] == []
+    assert run.details["observed"]  # the parameters with elements in this rank's shard, all scaled up
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "fsdp2-clip-never-scales-up")
+def test_an_fsdp2_clip_without_the_clamp_is_caught(broken) -> None:
+    run = broken(wrapping(f"{CLIP}:_clip_grads_with_norm_", clip_without_the_clamp))
+    assert run.reason == "scaled-up"
+    assert len(run.details["observed"]) == 40 and run.details["expected"] == []
+
+
+@pytest.mark.breaks("08-post-backward-reduce-scatter", "fsdp2-clip-never-scales-up")
+def test_a_max_norm_below_the_norm_is_refused(broken) -> None:
+    # the claim's premise: with max_norm under the norm the clamp is not what is tested, and the check says so
+    run = broken(max_norm=0.5)
+    assert run.reason == "norm-above-max" and run.details["max_norm"] == 0.5
