@@ -14,6 +14,9 @@ gradients from the ranks' local gradients (an unwrapped replica's, gathered) and
 from __future__ import annotations
 
 import contextlib
+import datetime
+import itertools
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +54,22 @@ def linears(device: torch.device | str = "cpu", seed: int = 0) -> nn.Sequential:
     return model.to(device)
 
 
+class RankOrderedBranches(nn.Module):
+    """Two Linear(8, 8) branches summed. Rank 0 runs ``a`` first, every other rank ``b``: autograd runs the later
+    branch's backward first, so rank 0's gradients become ready in another order than the other ranks'."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first, second = (self.a, self.b) if dist.get_rank() == 0 else (self.b, self.a)
+        done = first(x).sum()
+        return done + second(x).sum()
+
+
 def _model(ctx: RankContext, workload: str) -> nn.Module:
     """``linears``, or a mini_gpt preset (``tiny``, ``grammar``) with its deterministic init."""
     if workload == "linears":
@@ -81,14 +100,34 @@ def _names(ddp: nn.Module) -> list[str]:
     return [name for name, _ in ddp.module.named_parameters()]
 
 
-def _options(options: dict[str, Any]) -> db.Options:
+LAST_BUCKET_CAP = "DDP_SET_LAST_BUCKET_CAP"  # read by the reducer's C++ rebuild; "1" (exactly) moves the small cap last
+
+
+def _options(options: dict[str, Any], env: dict[str, str] | None = None) -> db.Options:
     cap_list = options.get("bucket_cap_mb_list")
     return db.Options(
         bucket_cap_mb=options.get("bucket_cap_mb"),
         bucket_cap_mb_list=tuple(cap_list) if cap_list else None,
         find_unused_parameters=options.get("find_unused_parameters", False),
         static_graph=options.get("static_graph", False),
+        last_bucket_cap=(env or {}).get(LAST_BUCKET_CAP) == "1",
     )
+
+
+@contextlib.contextmanager
+def environment(env: dict[str, str] | None) -> Iterator[None]:
+    """``env`` set in this rank's environment (which the reducer's C++ reads), the old values restored after, so
+    no other check in the pool sees it."""
+    saved = {name: os.environ.get(name) for name in env or {}}
+    os.environ.update(env or {})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def reducer_buckets(ddp: nn.Module) -> list[list[int]]:
@@ -141,19 +180,21 @@ def _numbers(params: list[db.Param], buckets_per_iteration: list[list[list[int]]
 
 # -- claims: the buckets of every iteration against the model -------------------------------------------------------
 def buckets_match_model(ctx: RankContext, workload: str, expected: list[str], options: dict[str, Any] | None = None,
-                        iterations: int = 3) -> dict[str, Any]:  # fmt: skip
-    """In every iteration the reducer's buckets are the model's (from the parameters' sizes, the settings and the
-    gradient-ready order our hooks saw); the backward all-reduces one bucket each, in bucket order, plus the
+                        iterations: int = 3, *, env: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """In every iteration the reducer's buckets are the model's (from the parameters' sizes, the settings, ``env``
+    and the gradient-ready order our hooks saw); the backward all-reduces one bucket each, in bucket order, plus the
     used-parameter map where the model says; the rebuild's forward broadcasts P + 1 and B int32 from
-    ``_pre_forward`` and no other forward communicates. The elements per bucket are the guide's (``expected``)."""
+    ``_pre_forward`` and no other forward communicates. The elements per bucket are the guide's (``expected``).
+    ``env`` is set in the ranks' environment from construction to the last backward, then restored."""
     options = options or {}
-    ddp = _ddp(ctx, workload, **options)
-    trace = run_iterations(ddp, ctx, workload, iterations)
+    with environment(env):
+        ddp = _ddp(ctx, workload, **options)
+        trace = run_iterations(ddp, ctx, workload, iterations)
     params = _params(ddp)
     orders = [ready_order(trace.ready, i) for i in range(1, iterations + 1)]
     require(all(order == orders[0] for order in orders), "ready-order-changed", "gradients became ready in a "
             "different order in some iteration: the model assumes one order", orders=orders)  # fmt: skip
-    plan = db.plan(params, orders[0], _options(options), iterations)
+    plan = db.plan(params, orders[0], _options(options, env), iterations)
     for i, (step, buckets) in enumerate(zip(plan, trace.after, strict=True), start=1):
         require_equal(buckets, step.buckets, reason="buckets-differ-from-model", what=f"iteration {i}: buckets",
                       iteration=i)  # fmt: skip
@@ -186,7 +227,7 @@ def rebuild_reorders(ctx: RankContext, ready: list[str], broadcasts: list[str]) 
     """Until the second forward the one bucket holds the parameters in registration order; that forward's
     ``_rebuild_buckets()`` returns True once and leaves the buckets in the order the first backward made the
     gradients ready (the guide's ``ready``), after broadcasting the guide's ``broadcasts``; no other forward
-    broadcasts."""
+    broadcasts. Where the ranks' orders differ, every rank takes rank 0's (`_rebuild_takes_rank_0s`)."""
     ddp = _ddp(ctx, "linears")
     trace = run_iterations(ddp, ctx, "linears", 3)
     names = _names(ddp)
@@ -205,7 +246,9 @@ def rebuild_reorders(ctx: RankContext, ready: list[str], broadcasts: list[str]) 
     require_equal(others, [], reason="rebuild-broadcasts", what="collectives in the first and third forwards")
     order = [names[i] for i in first_ready]
     require_equal(order, ready, reason="ready-order-differs-from-guide", what="iteration 1's gradient-ready order")
+    source = _rebuild_takes_rank_0s(ctx)
     return {
+        "from_rank_0": source,
         "before": [[names[i] for i in b] for b in trace.before[1]],
         "after": [[names[i] for i in b] for b in trace.after[1]],
         "first_bucket": [names[i] for i in trace.after[1][0]],
@@ -214,6 +257,25 @@ def rebuild_reorders(ctx: RankContext, ready: list[str], broadcasts: list[str]) 
         "broadcast_elements": [c.numel for c in trace.forward_collectives(2)],
         "broadcast_bytes": sum(c.nbytes for c in trace.forward_collectives(2)),
     }
+
+
+def _rebuild_takes_rank_0s(ctx: RankContext) -> dict[str, Any]:
+    """The rebuild's broadcasts come from rank 0: on `RankOrderedBranches`, whose ranks make their gradients ready in
+    different orders in the first backward, every rank's rebuilt buckets, flattened, are rank 0's order."""
+    ddp = wrap_ddp(RankOrderedBranches().to(ctx.device), ctx)
+    with record_grad_ready(ddp) as ready:
+        for step in range(2):
+            generator = torch.Generator().manual_seed(97 * step + ctx.rank)
+            ddp(torch.randn(2, 8, generator=generator).to(ctx.device)).backward()
+            ddp.zero_grad(set_to_none=True)
+    orders = ctx.gather(ready_order(ready, 1))
+    require(any(order != orders[0] for order in orders[1:]), "ready-orders-agree", "every rank made its gradients "
+            "ready in rank 0's order: which rank the layout came from cannot be seen", orders=orders)  # fmt: skip
+    layouts = ctx.gather(_flat(reducer_buckets(ddp)))
+    require_equal(layouts, [orders[0]] * ctx.world_size, reason="not-rank-0s-layout",
+                  what="every rank's rebuilt buckets, flattened, against rank 0's gradient-ready order",
+                  orders=orders)  # fmt: skip
+    return {"ready_orders": orders, "layouts": layouts}
 
 
 def _flat(buckets: list[list[int]]) -> list[int]:
@@ -548,6 +610,39 @@ def pre_forward_without_rebuild(original: Callable[..., Any], self: Any, *args: 
         return original(self, *args, **kwargs)
     finally:
         self.reducer = reducer
+
+
+def pre_forward_hiding(original: Callable[..., Any], self: Any, *args: Any, name: str, **kwargs: Any) -> Any:
+    """``DistributedDataParallel._pre_forward`` run with the environment variable ``name`` unset, so the reducer's
+    rebuild, called from it, does not see it; restored after."""
+    saved = os.environ.pop(name, None)
+    try:
+        return original(self, *args, **kwargs)
+    finally:
+        if saved is not None:
+            os.environ[name] = saved
+
+
+_REVERSED_GROUPS = itertools.count()  # every rank builds them in the same order, so the names agree
+
+
+def reversed_ranks_group() -> Any:
+    """A gloo group of every rank in reverse: its group rank 0 is the last global rank. Built through c10d's helper
+    (``new_group`` sorts the ranks it is given) and registered as ``new_group`` registers one."""
+    c10d = dist.distributed_c10d
+    ranks = list(range(dist.get_world_size() - 1, -1, -1))
+    group, _ = c10d._new_process_group_helper(
+        len(ranks), ranks.index(dist.get_rank()), ranks, "gloo", c10d._get_default_store(),
+        f"g19-reversed-{next(_REVERSED_GROUPS)}", timeout=datetime.timedelta(seconds=60),
+    )  # fmt: skip
+    c10d._world.pg_group_ranks[group] = {global_rank: i for i, global_rank in enumerate(ranks)}
+    return group
+
+
+def ddp_on_reversed_ranks(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> None:
+    """``DistributedDataParallel.__init__`` on `reversed_ranks_group`: every broadcast DDP roots at its group's rank
+    0, the rebuild's too, comes from the last global rank instead of rank 0."""
+    original(self, *args, **{**kwargs, "process_group": reversed_ranks_group()})
 
 
 def pre_forward_with_extra_broadcast(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:

@@ -21,12 +21,16 @@ What it models, from `torch/nn/parallel/distributed.py` (2.13.0) and the reducer
   first iteration records no gradient-ready order). Its limits are the list when one was given, else the first
   bucket's cap then the cap. Rank 0 broadcasts the result: P + 1 int32 (every index, then the bucket count), then
   B int32 (each bucket's length).
+- ``DDP_SET_LAST_BUCKET_CAP=1`` in the ranks' environment, read by the reducer's rebuild (C++; measured on 2.13.0,
+  2.14.1 and 2.15.0, not quoted): the rebuild walks the gradient-ready order backwards with the same limits, then
+  reverses the list of buckets it made (each bucket keeps the backward walk's order). So the first limit, the
+  small cap, goes to the bucket of the gradients ready last, which is the reducer's last bucket.
 - Per backward: one all-reduce per bucket, in bucket order, of the bucket's elements; with
   ``find_unused_parameters`` one more after them, of P int32 (the used-parameter map); in ``static_graph``'s first
   iteration that map first, then every bucket, all at the end of the backward.
 
-Not modelled: sparse gradients (a bucket of their own), several devices, ``DDP_SET_LAST_BUCKET_CAP``, and the
-rebuild of a model with several dtypes (its leftover buckets close in hash-map order).
+Not modelled: sparse gradients (a bucket of their own), several devices, and the rebuild of a model with several
+dtypes (its leftover buckets close in hash-map order).
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ class Options:
     bucket_cap_mb_list: tuple[float, ...] | None = None
     find_unused_parameters: bool = False
     static_graph: bool = False
+    last_bucket_cap: bool = False  # DDP_SET_LAST_BUCKET_CAP is "1" in the ranks' environment at the rebuild
 
 
 @dataclass(frozen=True)
@@ -150,11 +155,15 @@ def initial_buckets(params: Sequence[Param], options: Options = Options()) -> li
 def rebuilt_buckets(
     params: Sequence[Param], ready_order: Sequence[int], options: Options = Options()
 ) -> list[list[int]]:
-    """The reducer's buckets after its rebuild: the rebuild limits over the gradient-ready order, not reversed."""
+    """The reducer's buckets after its rebuild: the rebuild limits over the gradient-ready order, not reversed; with
+    ``last_bucket_cap``, over that order backwards, and the buckets then reversed (the small cap lands last)."""
     cap = _capacity(options)
     _, for_rebuilding = size_limits(cap, static_graph=options.static_graph,
                                     find_unused_parameters=options.find_unused_parameters)  # fmt: skip
-    return assign(params, rebuild_limits(cap, for_rebuilding), ready_order)
+    limits = rebuild_limits(cap, for_rebuilding)
+    if options.last_bucket_cap:
+        return list(reversed(assign(params, limits, list(reversed(ready_order)))))
+    return assign(params, limits, ready_order)
 
 
 def rebuild_iteration(options: Options = Options()) -> int | None:

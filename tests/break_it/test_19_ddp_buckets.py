@@ -10,6 +10,7 @@ from checks.guides.g19_ddp_buckets import (
     allreduce_fut_undivided,
     caps_from_the_start,
     compress_as,
+    ddp_on_reversed_ranks,
     ddp_with_hook,
     doubled_cap,
     explicit_default_cap,
@@ -20,6 +21,7 @@ from checks.guides.g19_ddp_buckets import (
     no_sync_never_restored,
     no_sync_that_syncs,
     one_bucket_per_parameter,
+    pre_forward_hiding,
     pre_forward_with_extra_broadcast,
     pre_forward_without_rebuild,
     rebuild_ignores_the_list,
@@ -41,10 +43,12 @@ ONE_PER_PARAMETER = wrapping("torch.distributed:_compute_bucket_assignment_by_si
 NOT_REVERSED = wrapping("torch.distributed:Reducer", reducer_not_reversed)
 NO_REBUILD = wrapping(f"{DDP}._pre_forward", pre_forward_without_rebuild)
 EXTRA_BROADCAST = wrapping(f"{DDP}._pre_forward", pre_forward_with_extra_broadcast)
+HIDE_LAST_BUCKET_CAP = wrapping(f"{DDP}._pre_forward", pre_forward_hiding, name="DDP_SET_LAST_BUCKET_CAP")
 NO_STATIC_GRAPH = skipping(f"{DDP}._set_static_graph")
 SYNCING_NO_SYNC = wrapping(f"{DDP}.no_sync", no_sync_that_syncs)
 NEVER_RESTORED = wrapping(f"{DDP}.no_sync", no_sync_never_restored)
 DROPPING_NO_SYNC = wrapping(f"{DDP}.no_sync", no_sync_dropping_gradients)
+REVERSED_RANKS = wrapping(f"{DDP}.__init__", ddp_on_reversed_ranks)
 NO_BUCKET_VIEW = wrapping(f"{DDP}.__init__", forced_bucket_view, value=False)
 ALWAYS_BUCKET_VIEW = wrapping(f"{DDP}.__init__", forced_bucket_view, value=True)
 UNDIVIDED = wrapping(f"{HOOKS}:_allreduce_fut", allreduce_fut_undivided)
@@ -56,6 +60,7 @@ SKEWED = wrapping(f"{DDP}.__init__", ddp_with_hook, hook="skewed")
 
 LINEAR_READY = ["5.bias", "5.weight", "4.bias", "4.weight", "3.bias", "3.weight",
                 "2.bias", "2.weight", "1.bias", "1.weight", "0.bias", "0.weight"]  # fmt: skip
+LINEAR_READY_INDICES = list(range(11, -1, -1))  # the same order, as parameter indices
 
 
 def where(run) -> tuple:
@@ -120,6 +125,25 @@ def test_a_doubled_cap_is_caught(broken) -> None:
 def test_no_limit_at_the_rebuild_is_caught(broken) -> None:
     run = broken(NO_LIMIT_EVER)
     assert where(run) == ("buckets-differ-from-model", 2) and len(run.details["observed"]) == 1
+
+
+# -- last-bucket-cap ----------------------------------------------------------------------------------------------
+@pytest.mark.breaks("19-ddp-buckets", "last-bucket-cap")
+def test_a_rebuild_that_does_not_see_the_variable_is_caught(broken) -> None:
+    # The variable unset while _pre_forward runs the rebuild: the default rebuild, small bucket first, against the
+    # model's rule for the variable (set in the ranks all along).
+    run = broken(HIDE_LAST_BUCKET_CAP)
+    assert where(run) == ("buckets-differ-from-model", 2)
+    assert run.details["observed"] == [LINEAR_READY_INDICES[:8], LINEAR_READY_INDICES[8:]]
+    assert run.details["expected"] == [[7, 8, 9, 10, 11], [0, 1, 2, 3, 4, 5, 6]]
+
+
+@pytest.mark.breaks("19-ddp-buckets", "last-bucket-cap")
+def test_the_guides_last_bucket_cap_numbers_are_checked(broken) -> None:
+    # Without the variable torch and the model agree on the default rebuild: the guide's block is what fails.
+    run = broken(env={})
+    assert run.reason == "numbers-differ-from-guide"
+    assert run.details["observed"][1] == "iteration 2: 263168 131584"
 
 
 # -- find-unused-caps-from-start --------------------------------------------------------------------------------
@@ -218,9 +242,25 @@ def test_the_guides_ready_order_is_checked(broken) -> None:
     assert (run.reason, run.details["observed"]) == ("ready-order-differs-from-guide", LINEAR_READY)
 
 
+@pytest.mark.breaks("19-ddp-buckets", "rebuild-reorders")
+def test_a_rebuild_broadcast_from_another_rank_is_caught(broken) -> None:
+    # DDP on a group whose rank 0 is the last global rank: the rebuild's broadcasts come from there, and on the
+    # two branches every rank takes rank 1's gradient-ready order instead of rank 0's.
+    run = broken(REVERSED_RANKS)
+    orders = run.details["orders"]
+    assert run.reason == "not-rank-0s-layout" and orders[1] != orders[0]
+    assert run.details["observed"] == [orders[1], orders[1]]
+
+
 @pytest.mark.breaks("19-ddp-buckets", "rebuild-reorders-at-4")
 def test_a_rebuild_that_never_happens_is_caught_at_4(broken) -> None:
     assert broken(NO_REBUILD).reason == "rebuild-flag"
+
+
+@pytest.mark.breaks("19-ddp-buckets", "rebuild-reorders-at-4")
+def test_a_rebuild_broadcast_from_another_rank_is_caught_at_4(broken) -> None:
+    run = broken(REVERSED_RANKS)
+    assert run.reason == "not-rank-0s-layout" and run.details["observed"] == [run.details["orders"][3]] * 4
 
 
 # -- overlap-from-iteration-2 -----------------------------------------------------------------------------------

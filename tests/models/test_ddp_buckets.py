@@ -112,6 +112,40 @@ def test_static_graph_rebuilds_at_the_third_forward() -> None:
     assert [len(s.all_reduces) for s in steps] == [2, 1, 2, 2]
 
 
+def test_the_last_bucket_cap_moves_the_small_bucket_last() -> None:
+    # DDP_SET_LAST_BUCKET_CAP=1: the walk starts from the last gradient to be ready (0.weight); seven parameters
+    # reach 1,051,648 bytes and close the 1 MiB bucket, which the final reversal puts last.
+    options = db.Options(last_bucket_cap=True)
+    steps = db.plan(SIX_LINEAR, READY, options)
+    assert [s.buckets for s in steps] == [[list(range(12))], [[7, 8, 9, 10, 11], list(range(7))],
+                                          [[7, 8, 9, 10, 11], list(range(7))]]  # fmt: skip
+    assert [db.bucket_numels(SIX_LINEAR, s.buckets) for s in steps] == [[394752], [131840, 262912], [131840, 262912]]
+    assert [s.broadcasts for s in steps] == [[], [13, 2], []]
+    # gradients ready in exactly the reverse of registration: find_unused_parameters' buckets, from the rebuild on
+    assert steps[1].buckets == db.initial_buckets(SIX_LINEAR, db.Options(find_unused_parameters=True))
+    last = steps[1].buckets[-1]
+    assert sum(SIX_LINEAR[i].nbytes for i in last) == 1051648 and sum(SIX_LINEAR[i].nbytes for i in last[:-1]) < db.MIB
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        # measured on 2.13.0 with the variable set: every limit walks backwards, the list's first cap too
+        (db.Options(bucket_cap_mb=0.3, last_bucket_cap=True), [[11], [7, 8, 9, 10], [3, 4, 5, 6], [0, 1, 2]]),
+        (db.Options(bucket_cap_mb_list=(0.1, 1.0), last_bucket_cap=True), [[9, 10, 11], list(range(1, 9)), [0]]),
+    ],
+)
+def test_the_last_bucket_cap_with_other_caps(options: db.Options, expected: list[list[int]]) -> None:
+    assert db.rebuilt_buckets(SIX_LINEAR, READY, options) == expected
+
+
+def test_the_last_bucket_cap_leaves_iteration_1_and_find_unused_alone() -> None:
+    # Only the rebuild reads the variable: no rebuild, no change.
+    plain = db.plan(SIX_LINEAR, READY, db.Options(find_unused_parameters=True))
+    assert db.plan(SIX_LINEAR, READY, db.Options(find_unused_parameters=True, last_bucket_cap=True)) == plain
+    assert db.initial_buckets(SIX_LINEAR, db.Options(last_bucket_cap=True)) == db.initial_buckets(SIX_LINEAR)
+
+
 def test_each_dtype_buckets_on_its_own() -> None:
     params = [db.Param(100, 4, "float32"), db.Param(100, 2, "float16"), db.Param(100, 4, "float32")]
     assert db.assign(params, [600]) == [[0, 2], [1]]
@@ -157,3 +191,18 @@ def cases(draw: st.DrawFn) -> tuple[list[db.Param], list[int], list[int] | None]
 def test_every_drawn_case_agrees_with_the_binding(case: tuple[list[db.Param], list[int], list[int] | None]) -> None:
     params, limits, order = case
     assert db.assign(params, limits, order) == binding(params, limits, order)
+
+
+@settings(max_examples=100, deadline=None)
+@given(cases())
+def test_the_last_bucket_cap_is_the_binding_walked_backwards(
+    case: tuple[list[db.Param], list[int], list[int] | None],
+) -> None:
+    # The rule against torch's assignment given the reversed ready order, then reversed: the reducer's two steps.
+    params, _, order = case
+    if order is None or len({p.dtype for p in params}) > 1:
+        return
+    options = db.Options(bucket_cap_mb=0.01, last_bucket_cap=True)
+    limits = db.rebuild_limits(db.capacity(0.01), [])
+    backwards = list(reversed(order))
+    assert db.rebuilt_buckets(params, order, options) == list(reversed(binding(params, limits, backwards)))
