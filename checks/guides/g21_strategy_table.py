@@ -102,11 +102,16 @@ def _ratio(value: Fraction) -> str:
     return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
 
 
-def _comm_line(impl: str, counts: list[tuple[str, str, int, int]], of_ddp: Fraction) -> str:
-    where = {"forward": "in forward", "backward": "in backward", "step": "in the step"}
-    parts = [f"{count} {op.replace('_', '-')}{'s' if count > 1 else ''} {where[phase]}"
-             for phase, op, count, _ in counts]  # fmt: skip
-    return f"{impl} comm: {', '.join(parts)} = {_ratio(of_ddp)} × DDP's ring bytes"
+def _comm_lines(impl: str, counts: list[tuple[str, str, int, int]], of_ddp: Fraction) -> list[str]:
+    """One line per phase that communicates (its ops and counts), then the ring bytes as a multiple of DDP's:
+    short rows, so each fits the 78 cells a reader's terminal shows."""
+    lines = []
+    for phase in PHASES:
+        parts = [f"{count} {op.replace('_', '-')}{'s' if count > 1 else ''}"
+                 for p, op, count, _ in counts if p == phase]  # fmt: skip
+        if parts:
+            lines.append(f"{impl} {phase}: {', '.join(parts)}")
+    return [*lines, f"{impl} ring bytes: {_ratio(of_ddp)} × DDP's"]
 
 
 def _share(held: int, ddp: int, world_size: int) -> str:
@@ -149,7 +154,7 @@ def data_parallel_row(ctx: RankContext, impls: list[str], expected: list[str]) -
         require_equal(got_memory, want_memory, reason="memory-differs-from-model",
                       what=f"{impl}: bytes by category on rank {ctx.rank}", impl=impl)  # fmt: skip
         counts = _phase_counts(logs)
-        lines.append(_comm_line(impl, counts, ring / ddp_ring))
+        lines += _comm_lines(impl, counts, ring / ddp_ring)
         shares = [f"{c} {_share(got_memory[c], ddp_memory[c], n)}" for c in ("params", "grads", "optim")]
         lines.append(f"{impl} memory: {', '.join(shares)}")
         report[impl] = {"ring_bytes": float(ring), "of_ddp": _ratio(ring / ddp_ring), "memory": got_memory,
@@ -163,7 +168,10 @@ def data_parallel_row(ctx: RankContext, impls: list[str], expected: list[str]) -
 # -- tensor parallel: a Megatron block of our own -----------------------------------------------------------------
 D_MODEL, HEADS, HIDDEN = 16, 4, 64
 LR_TP = 0.1  # SGD: AdamW would turn the key bias's rounding-noise gradient into full-size steps (m/√v)
-TP_BATCH, TP_SEQ = 2, 8  # 16 tokens: every all-reduce is 256 elements, no parameter has that many
+# 2 sequences of 8 tokens per tensor-parallel group (2D: 2 of 4 per dp rank): every all-reduce is 16 tokens ×
+# D_MODEL = 256 elements, as many as a q/k/v/o weight, so size cannot tell a payload from a parameter:
+# `PayloadWitness` matches each collective's storage instead.
+TP_BATCH, TP_SEQ = 2, 8
 
 
 class Attention(nn.Module):
@@ -524,16 +532,20 @@ def pp_transfers(ctx: RankContext, schedule: str, expected: list[str], warmup_ca
 
     _on_every_rank(ctx, local_checks)  # fmt: skip
     counts = Counter((c.op, "activation" if _is_activation(c, ctx.rank) else "gradient") for c in comm)
-    line = f"stage {ctx.rank}: " + ", ".join(
-        f"{direction} {counts[(direction, what)]} {what}s"
-        for direction, what in (("send", "activation"), ("recv", "activation"), ("send", "gradient"),
-                                ("recv", "gradient"))
-        if counts[(direction, what)]
-    ) + f" of {numel}"  # fmt: skip
+    line = f"stage {ctx.rank}: " + "; ".join(_traffic_part(what, counts[("recv", what)], counts[("send", what)])
+                                             for what in ("activation", "gradient")
+                                             if counts[("recv", what)] or counts[("send", what)])  # fmt: skip
+    line += f"; {numel} elements each"
     lines = ctx.gather(line)
     require_equal(lines, expected, reason="transfers-differ-from-guide", what="every stage's traffic per step")
     return {"lines": lines, "first_step_extra": extra, "sent_bytes": sum(c.nbytes for c in comm if c.op == "send"),
             "order": [str(a) for a in order]}  # fmt: skip
+
+
+def _traffic_part(what: str, received: int, sent: int) -> str:
+    """``4 activations in, 4 out``: how many of ``what`` a stage receives (in) and sends (out), zeros left out."""
+    (n, way), *rest = [(n, way) for n, way in ((received, "in"), (sent, "out")) if n]
+    return ", ".join([f"{n} {what}s {way}", *(f"{n} {way}" for n, way in rest)])
 
 
 def _is_activation(c: Any, stage: int) -> bool:
@@ -586,9 +598,8 @@ def pp_schedule(ctx: RankContext, schedule: str, torch_ir: list[str], expected: 
     held = dict(enumerate(ctx.gather(held_at_most(stage_log))))
     want_held = {r: pl.in_flight(o) for r, o in model_orders.items()}
     require_equal(held, want_held, reason="in-flight-differs-from-model", what="microbatches held at once, by stage")
-    lines = [f"{schedule}, p={p}, m={m}: {len(slots[0])} slots, "
-             + ", ".join(f"stage {r} idle {pl.idle_slots(row)}" for r, row in slots.items())
-             + f"; bubble {_ratio(bubble)}",
+    lines = [f"{schedule}, p={p}, m={m}: {len(slots[0])} slots; bubble {_ratio(bubble)}",
+             f"{schedule} idle slots: " + " ".join(str(pl.idle_slots(slots[r])) for r in sorted(slots)),
              f"{schedule} in flight: " + " ".join(str(held[r]) for r in sorted(held))]  # fmt: skip
     require_equal(lines, expected, reason="schedule-differs-from-guide", what="slots, bubble and microbatches held")
     return {"lines": lines, "order": order, "ir": ir_lines, "bubble": _ratio(bubble), "slots": written, "held": held}
