@@ -245,8 +245,8 @@ def _parse_counts(lines: list[str]) -> dict[str, tuple[int, int]]:
 def hook_works_once_per_backward(ctx: RankContext, expected: list[str], iterations: int = 2) -> dict[str, Any]:
     """In each of ``iterations`` forward/backward steps, autograd calls each unit's `_pre_backward_hook` once per
     output tensor that requires grad and reaches the loss (``expected``: the guide's counts, from the model's
-    structure); only the unit's first call gets past the ``_ran_pre_backward_hook`` guard, and that call prepares
-    the handle's gradient."""
+    structure, its rows in the order of the calls); only the unit's first call gets past the
+    ``_ran_pre_backward_hook`` guard, and that call prepares the handle's gradient."""
     want = _parse_counts(expected)
     want_calls = {unit: calls for unit, (calls, _) in want.items()}
     want_passed = {unit: [True] * passed + [False] * (calls - passed) for unit, (calls, passed) in want.items()}
@@ -275,9 +275,15 @@ def hook_works_once_per_backward(ctx: RankContext, expected: list[str], iteratio
             reason="per-handle-work",
             what=f"{label}: which calls prepared the handle's gradient, per unit",
         )
+        # The block's rows are in call order: autograd runs the ready node created last first, so the root's
+        # outputs come first, then `mixed`'s, then `pair`'s (whose `b` also feeds `mixed`).
+        want_order = [unit for unit, (n, _) in want.items() for _ in range(n)]
+        order = [call.unit for call in log.calls]
+        what = f"{label}: `_pre_backward_hook` calls in order"
+        require_equal(order, want_order, reason="pre-backward-order", what=what)
         seen.setdefault("calls", calls)
         seen.setdefault("past_guard", {unit: sum(flags) for unit, flags in got_passed.items()})
-        seen.setdefault("order", [call.unit for call in log.calls])
+        seen.setdefault("order", order)
     seen["iterations"] = iterations
     return seen
 

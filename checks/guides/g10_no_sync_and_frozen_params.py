@@ -434,7 +434,21 @@ def _gpt_with_frozen_parameter(ctx: RankContext, frozen: str) -> FSDP:
     return FSDP(model, **options)
 
 
-def frozen_parameter_gets_no_grad(ctx: RankContext, frozen: str, steps: int = 2) -> dict[str, Any]:
+def _split_in_torch(model: FSDP, unit: str, frozen: str) -> int:
+    """How many of ``frozen``'s elements this rank's shard holds, by torch's own ``_shard_param_infos``."""
+    flat_param = units(model)[unit]._handle.flat_param
+    found = [
+        info.numel_in_shard if info.in_shard else 0
+        for fqn, info in zip(flat_param._fqns, flat_param._shard_param_infos, strict=True)
+        if frozen == (clean(fqn) if unit == ROOT else f"{unit}.{clean(fqn)}")
+    ]
+    require_equal(len(found), 1, reason="frozen-not-found", what=f"{frozen} in {unit}'s flat parameter")
+    return found[0]
+
+
+def frozen_parameter_gets_no_grad(
+    ctx: RankContext, frozen: str, shard_elements: list[int], steps: int = 2
+) -> dict[str, Any]:
     """With ``use_orig_params=True`` a frozen parameter that shares a flat parameter with trainable ones never
     gets a ``.grad``, on any rank, after any backward, and AdamW never sees one: after ``steps`` steps it holds no
     state for it and the parameter is bit for bit what it was, while every trainable parameter of its unit moved.
@@ -443,6 +457,15 @@ def frozen_parameter_gets_no_grad(ctx: RankContext, frozen: str, steps: int = 2)
     frozen, the frozen parameter's piece included (the flat-parameter model places it)."""
     model = _gpt_with_frozen_parameter(ctx, frozen)
     unit = unit_of_parameter(frozen, set(units(model)))
+    # ``shard_elements``: the guide's split of the frozen parameter over the ranks' shards, which the flat-parameter
+    # model gives and torch's own shard metadata must hold on every rank.
+    spec = _gpt_flat_params(ctx.world_size)[unit]
+    index = [clean(f) for f in spec.fqns].index(frozen)
+    modelled = [(infos[index].numel_in_shard if infos[index].in_shard else 0)
+                for infos in (spec.shard_param_infos(r) for r in range(ctx.world_size))]  # fmt: skip
+    require_equal(modelled, shard_elements, reason="frozen-split-model", what=f"{frozen} per rank, by the model")
+    split = ctx.gather(_split_in_torch(model, unit, frozen))
+    require_equal(split, shard_elements, reason="frozen-split", what=f"{frozen} per rank, by torch's shard metadata")
     originals = {clean(n): p for n, p in model.named_parameters()}
     with FSDP.summon_full_params(model, writeback=False):
         before = {n: p.detach().clone() for n, p in originals.items()}
@@ -469,12 +492,12 @@ def frozen_parameter_gets_no_grad(ctx: RankContext, frozen: str, steps: int = 2)
     want = grad_shards(_ddp_grads(ddp), ctx.world_size, ctx.rank)[unit]
     require(torch.equal(shards[unit], want), "flat-grad-differs", f"rank {ctx.rank}: {unit}'s sharded flat gradient "
             "is not DDP's slice with nothing frozen")  # fmt: skip
-    spec = _gpt_flat_params(ctx.world_size)[unit]
     info = dict(zip([clean(f) for f in spec.fqns], spec.shard_param_infos(ctx.rank), strict=True))[frozen]
     piece = shards[unit][info.offset_in_shard : info.offset_in_shard + info.numel_in_shard] if info.in_shard else None
     return {
         "unit": unit,
         "frozen_elements_here": info.numel_in_shard if info.in_shard else 0,
+        "split": split,
         "frozen_piece_nonzero": int(piece.ne(0).sum()) if piece is not None else 0,
         "moved": len(moved),
         "stateful": len(stateful),

@@ -38,6 +38,18 @@ def test_a_guard_that_lets_every_call_through_is_caught(broken) -> None:
 
 
 @pytest.mark.breaks("07-pre-backward", "once-per-handle-per-backward")
+def test_the_order_of_the_calls_is_the_blocks_row_order(broken) -> None:
+    # The expect block's rows are in call order: the same counts listed with `pair` before `mixed` (as if autograd
+    # reached `pair` first) fail on the order alone, however the run went.
+    rows = ["root    2 calls, 1 past the guard", "pair    2 calls, 1 past the guard",
+            "mixed   1 call, 1 past the guard", "frozen  0 calls, 0 past the guard"]  # fmt: skip
+    run = broken(expected=rows)
+    assert run.reason == "pre-backward-order"
+    assert run.details["observed"] == ["root", "root", "mixed", "pair", "pair"]
+    assert run.details["expected"] == ["root", "root", "pair", "pair", "mixed"]
+
+
+@pytest.mark.breaks("07-pre-backward", "once-per-handle-per-backward")
 def test_a_dropped_guard_is_refused_by_the_state_check(broken) -> None:
     # The guard alone dropped: the second call of a unit reaches `_assert_in_training_states` and torch raises.
     run = broken(wrapping(f"{RU}:_pre_backward_hook", without_guard))

@@ -191,6 +191,23 @@ def test_a_frozen_parameters_gradient_left_uncomputed_is_caught(broken) -> None:
     assert run.reason == "flat-grad-differs"
 
 
+@pytest.mark.breaks("10-no-sync-and-frozen-params", "frozen-parameter-gets-no-grad")
+def test_a_layout_that_moves_the_frozen_parameter_is_caught_by_its_split(broken) -> None:
+    # Alignment to 8 elements instead of 4 pads the block's 36-element parameters, so the frozen weight starts
+    # later in the flat parameter and rank 0's shard holds less of it than the guide's 2,538.
+    run = broken(returning(f"{FP}:_get_aligned_numel", 8))
+    assert run.reason == "frozen-split"
+    assert run.details["expected"] == [2538, 2646] and run.details["observed"] != [2538, 2646]
+
+
+@pytest.mark.breaks("10-no-sync-and-frozen-params", "frozen-parameter-gets-no-grad")
+def test_the_frozen_parameters_split_is_the_guides(broken) -> None:
+    # A wrong figure in the guide is refused by the model first, before torch is compared with it.
+    run = broken(shard_elements=[2646, 2538])
+    assert run.reason == "frozen-split-model"
+    assert run.details["observed"] == [2538, 2646]
+
+
 # -- no-sync-steps ---------------------------------------------------------------------------------------------------
 @pytest.mark.breaks("10-no-sync-and-frozen-params", "no-sync-steps")
 def test_a_full_shard_that_reduces_inside_no_sync_is_caught_at_its_first_step(broken) -> None:
