@@ -24,8 +24,8 @@ from torch import nn
 from checks.breakit.exercises import Exercise
 from checks.breakit.patches import replacing, skipping, wrapping
 from checks.inspect.tree import module_paths, tree_of
+from checks.models import flat_param as fp
 from checks.models import wrap as wm
-from checks.models.flat_param import padded_numel
 from checks.naming import ROOT, clean, unit_name
 from checks.probes import calls
 from checks.probes.comm import record_comm
@@ -477,23 +477,51 @@ def _forward_dtypes(wrapped: nn.Module, block: Mapping[str, nn.Module], ctx: Ran
 def split_tie_breaks(ctx: RankContext, policy: dict[str, Any], expected: list[str], error: str) -> dict[str, Any]:
     """``ModuleWrapPolicy({nn.Linear})`` on mini_gpt: the model's units, and the tie it splits (the head's unit
     flattens the weight the root's embedding also registers); FSDP builds exactly that, the embedding's weight is
-    then the head's 1-D shard, and the first forward raises ``error`` on every rank."""
+    then the head's 1-D shard (the head's own parameter, a view of its unit's flat parameter where the
+    flat-parameter model puts this rank's slice, holding the original weight's elements there), and the first
+    forward raises ``error`` on every rank."""
     model = build("gpt", ctx.device)
     paths = module_paths(model)
-    predicted = wm.wrap(tree_of(model), model_policy(policy))
+    tree = tree_of(model)
+    predicted = wm.wrap(tree, model_policy(policy))
+    original = model.tok_emb.weight.detach().flatten().clone()
     wrapped, _, _ = wrap_fsdp1(model, ctx, torch_policy(policy, paths), paths)
     require_equal(fsdp1_units(wrapped), expected_units(predicted, None), reason="units-differ-from-model",
                   what="the units FSDP built")  # fmt: skip
     ties = [f"{t.tensor} in {t.holder or ROOT}, also at {' '.join(t.outside)}" for t in predicted.split_ties]
     require(len(predicted.split_ties) == 1, "no-split-tie", f"the model splits {ties}", observed=ties)
     tie = predicted.split_ties[0]
-    holder_padded = padded_numel(predicted.unit(tie.holder).numels, 4, ctx.world_size)
-    shape = tuple(model.tok_emb.weight.shape)
-    require_equal(
-        shape,
-        (holder_padded // ctx.world_size,),
-        reason="tied-weight-not-a-shard",
-        what="tok_emb.weight's shape after wrapping (the holder's shard: rank 0 holds the tensor's start)",
+    holder = predicted.unit(tie.holder)
+    # Where the flat-parameter model puts the tied tensor in this rank's shard of the holder's flat parameter.
+    names = [name for name, _ in holder.params]
+    (index,) = [names.index(wm.relative(r.fqn, tie.holder)) for r in wm.registrations(tree)
+                if r.tensor == tie.tensor and wm.within(r.module, tie.holder)]  # fmt: skip
+    spec = fp.flat_param([fp.Param(name, (n,)) for name, n in holder.params], ctx.world_size, use_orig_params=True)
+    info = spec.shard_param_infos(ctx.rank)[index]
+    weight = model.tok_emb.weight
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    fsdp_units = {unit_name(path): m for path, m in wrapped.named_modules() if isinstance(m, FSDP)}
+    flat = fsdp_units[holder.name]._handle.flat_param
+    require(
+        weight is flat._params[index],
+        "tied-weight-not-the-shard",
+        f"tok_emb.weight is not the Parameter {tie.holder}'s unit flattened",
+        part="identity",
+    )
+    require_equal(tuple(weight.shape), (info.numel_in_shard,), reason="tied-weight-not-the-shard",
+                  what="tok_emb.weight's shape", part="shape")  # fmt: skip
+    storage = (weight.untyped_storage().data_ptr(), weight.storage_offset())
+    in_flat = (flat.untyped_storage().data_ptr(), flat.storage_offset() + info.offset_in_shard)
+    require(storage == in_flat, "tied-weight-not-the-shard",
+            f"tok_emb.weight is no view of {tie.holder}'s flat parameter at element {info.offset_in_shard}",
+            part="storage", observed=storage, expected=in_flat)  # fmt: skip
+    start = info.intra_param_start_idx
+    require(
+        torch.equal(weight.detach(), original[start : start + info.numel_in_shard]),
+        "tied-weight-not-the-shard",
+        f"tok_emb.weight does not hold elements {start}.. of the original weight",
+        part="values",
     )
     try:
         step_loss(wrapped, ctx, "gpt")
@@ -504,7 +532,7 @@ def split_tie_breaks(ctx: RankContext, policy: dict[str, Any], expected: list[st
     require_equal(seen, error, reason="forward-did-not-fail", what="the first forward")
     lines = _unit_lines(predicted)
     require_equal(lines, expected, reason="units-differ-from-guide", what="the units, written out")
-    return {"units": lines, "split_ties": ties, "embedding_shape": list(shape), "error": seen}
+    return {"units": lines, "split_ties": ties, "embedding_shape": list(weight.shape), "error": seen}
 
 
 # -- claims: FSDP2 by hand ---------------------------------------------------------------------------------------------
@@ -562,30 +590,38 @@ def _error_line(error: BaseException) -> str:
 
 
 def fsdp2_root_first(ctx: RankContext, errors: list[str]) -> dict[str, Any]:
-    """``fully_shard(model)`` and then ``fully_shard(model.blocks[0])``: the model says the second call finds
-    every one of the block's parameters already sharded; they are DTensors by then, and the call takes them for
-    tensor-parallel ones and raises, on a mesh without dimension names and on one with, the guide's ``errors``."""
+    """``fully_shard(model)`` and then ``fully_shard(model.blocks[0])``: the model says the root's call shards
+    every parameter and a later call on any block finds every one of the block's parameters already sharded; they
+    are all DTensors by then (checked block by block, then the whole model), and the call on ``blocks.0`` takes
+    them for tensor-parallel ones and raises, on a mesh without dimension names and on one with, the guide's
+    ``errors``."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    tree = tree_of(build("gpt"))
-    second = wm.fsdp2_groups(tree, ["", "blocks.0"])[1]
+    unwrapped = build("gpt")
+    blocks = [path for path, module in unwrapped.named_modules() if isinstance(module, Block)]
+    root, *later = wm.fsdp2_groups(tree_of(unwrapped), ["", *blocks])
     seen = []
     for names in (None, ("dp",)):
         model = build("gpt", ctx.device)
         fully_shard(model, mesh=_mesh(ctx, names))
-        block = model.blocks[0]
-        as_dtensors = [name for name, p in block.named_parameters() if isinstance(p, DTensor)]
-        require_equal(as_dtensors, list(second.already_sharded), reason="not-already-sharded",
-                      what="the block's parameters that are DTensors before its own call")  # fmt: skip
+        modules = dict(model.named_modules())
+        for group in later:
+            as_dtensors = [name for name, p in modules[group.path].named_parameters() if isinstance(p, DTensor)]
+            require_equal(as_dtensors, list(group.already_sharded), reason="not-already-sharded",
+                          what=f"{group.path}: its parameters that are DTensors before its own call",
+                          block=group.path)  # fmt: skip
+        everywhere = sorted(name for name, p in model.named_parameters() if isinstance(p, DTensor))
+        require_equal(everywhere, sorted(name for name, _ in root.params), reason="not-every-parameter-sharded",
+                      what="the model's parameters that are DTensors after the root's call")  # fmt: skip
         try:
-            fully_shard(block, mesh=_mesh(ctx, names))
+            fully_shard(model.blocks[0], mesh=_mesh(ctx, names))
         except Exception as error:
             seen.append(_error_line(error))
         else:
             seen.append("no error")
     require_equal(seen, errors, reason="wrong-order-not-refused", what="the child's call after the root's")
-    return {"errors": seen, "already_sharded": len(second.already_sharded)}
+    return {"errors": seen, "already_sharded": {group.path: len(group.already_sharded) for group in later}}
 
 
 # -- claims: what a granularity costs ----------------------------------------------------------------------------------
@@ -804,6 +840,29 @@ def fsdp2_skip_dtensors(original: Callable[..., Any], modules: Any, ignored_para
 
     params, buffers = original(modules, ignored_params)
     return [p for p in params if not isinstance(p, DTensor)], buffers
+
+
+def exact_classes(original: Callable[..., Any], self: Any, root_module: nn.Module, *args: Any,
+                  **kwargs: Any) -> dict[Any, Any]:  # fmt: skip
+    """``ModuleWrapPolicy._run_policy`` that tests ``type(module) in classes`` instead of ``isinstance``: an
+    instance of a subclass is no longer a target."""
+    targets = original(self, root_module, *args, **kwargs)
+    return {module: kw for module, kw in targets.items() if type(module) in self._module_classes}
+
+
+def fsdp2_first_half(original: Callable[..., Any], modules: Any, ignored_params: Any = None) -> Any:
+    """FSDP2's ``_get_managed_states`` that manages only the first half of the parameters it finds: on mini_gpt
+    the root's call shards ``blocks.0`` whole and leaves the later blocks partly plain tensors."""
+    params, buffers = original(modules, ignored_params)
+    return params[: len(params) // 2], buffers
+
+
+def shard_view_copied(original: Callable[..., Any], self: Any) -> Any:
+    """``FlatParamHandle._use_sharded_views`` that gives each original parameter a copy of its slice of the
+    shard: the right shape and values, but no longer a view of the flat parameter."""
+    original(self)
+    for param in self.flat_param._params or ():
+        param.data = param.data.clone()
 
 
 def no_backward_prefetch(original: Callable[..., Any], state: Any, current_handle: Any) -> Any:

@@ -1,7 +1,8 @@
 """Guide 20: bend FSDP's wrap code (a policy that misses a target or takes the wrong modules, a walk that skips a
 child, ``>`` for ``>=``, emptied defaults, a remainder not subtracted, the mixed-precision override, its hooks or
-its overrides missing, ``all`` for ``any``, kwargs dropped, an inverted lambda), FSDP2's managed modules and
-states, and the step a granularity runs, and watch each claim fail for its reason."""
+its overrides missing, ``all`` for ``any``, kwargs dropped, an inverted lambda, the exact type for
+``isinstance``), the tied weight's view of its shard, FSDP2's managed modules and states, and the step a
+granularity runs, and watch each claim fail for its reason."""
 
 import pytest
 
@@ -10,6 +11,8 @@ from checks.guides.g20_auto_wrap import (
     all_policies,
     also_linears,
     empty_set,
+    exact_classes,
+    fsdp2_first_half,
     fsdp2_skip_dtensors,
     fsdp2_through_nested,
     kwargs_dropped,
@@ -18,6 +21,7 @@ from checks.guides.g20_auto_wrap import (
     overrides_without_hooks,
     policy_takes_mlps,
     remainder_not_subtracted,
+    shard_view_copied,
     skip_first_target,
     skip_last_child,
     small_default,
@@ -33,6 +37,7 @@ FSDP2_INIT = "torch.distributed.fsdp._fully_shard._fsdp_init"
 
 SKIP_FIRST = wrapping(f"{WRAP}:ModuleWrapPolicy._run_policy", skip_first_target)
 TAKES_MLPS = wrapping(f"{WRAP}:ModuleWrapPolicy._run_policy", policy_takes_mlps)
+EXACT_CLASSES = wrapping(f"{WRAP}:ModuleWrapPolicy._run_policy", exact_classes)
 SKIP_LAST_CHILD = wrapping(f"{WRAP}:_post_order_apply", skip_last_child)
 ALSO_LINEARS = wrapping(f"{WRAP}:transformer_auto_wrap_policy", also_linears)
 STRICTLY_LARGER = wrapping(SIZE, strictly_larger)
@@ -51,6 +56,8 @@ OVERRIDES_IGNORED = wrapping(f"{WRAP}:_wrap", without_overrides)
 THROUGH_NESTED = wrapping(f"{FSDP2_INIT}:_get_managed_modules", fsdp2_through_nested)
 SKIP_DTENSORS = wrapping(f"{FSDP2_INIT}:_get_managed_states", fsdp2_skip_dtensors)
 NO_PREFETCH = wrapping("torch.distributed.fsdp._runtime_utils:_get_handle_to_prefetch", no_backward_prefetch)
+FIRST_HALF = wrapping(f"{FSDP2_INIT}:_get_managed_states", fsdp2_first_half)
+SHARD_COPIED = wrapping("torch.distributed.fsdp._flat_param:FlatParamHandle._use_sharded_views", shard_view_copied)
 UNALIGNED = wrapping("torch.distributed.fsdp._flat_param:_get_aligned_numel", unaligned)
 
 
@@ -94,6 +101,15 @@ def test_a_policy_that_misses_a_block_is_caught_at_4(broken) -> None:
 
 
 # -- nn.Transformer --------------------------------------------------------------------------------------------------
+@pytest.mark.breaks("20-auto-wrap", "subclasses-wrapped")
+def test_exact_classes_are_caught(broken) -> None:
+    # `type(m) in classes` takes no BatchNorm1d, a subclass of the listed _BatchNorm: only the root is left.
+    run = broken(EXACT_CLASSES)
+    assert (run.reason, run.details["policy"]) == ("units-differ-from-model", "module")
+    assert names(run.details["observed"]) == ["root"]
+    assert names(run.details["expected"]) == ["blocks.0.norm", "blocks.1.norm", "root"]
+
+
 @pytest.mark.breaks("20-auto-wrap", "transformer-layers")
 def test_transformer_layers_with_linears_are_caught(broken) -> None:
     run = broken(ALSO_LINEARS)
@@ -228,6 +244,13 @@ def test_the_error_is_checked(broken) -> None:
     assert (run.reason, run.details["observed"]) == ("forward-did-not-fail", "'weight' must be 2-D")
 
 
+@pytest.mark.breaks("20-auto-wrap", "tied-head-split")
+def test_a_copied_shard_is_caught(broken) -> None:
+    # The embedding's weight has the shard's shape and values but is no view of lm_head's flat parameter.
+    run = broken(SHARD_COPIED)
+    assert (run.reason, run.details["part"]) == ("tied-weight-not-the-shard", "storage")
+
+
 # -- FSDP2 -------------------------------------------------------------------------------------------------------------
 @pytest.mark.breaks("20-auto-wrap", "fsdp2-same-groups")
 def test_fsdp2_walking_into_sharded_blocks_is_caught(broken) -> None:
@@ -252,6 +275,13 @@ def test_fsdp2_walking_into_sharded_up_layers_is_caught(broken) -> None:
 def test_a_call_that_skips_dtensors_is_caught(broken) -> None:
     run = broken(SKIP_DTENSORS)
     assert (run.reason, run.details["observed"]) == ("wrong-order-not-refused", ["no error", "no error"])
+
+
+@pytest.mark.breaks("20-auto-wrap", "fsdp2-root-first")
+def test_a_root_call_that_shards_half_is_caught(broken) -> None:
+    # blocks.0 is sharded whole and its own call still fails: only the later blocks show the half.
+    run = broken(FIRST_HALF)
+    assert (run.reason, run.details["block"]) == ("not-already-sharded", "blocks.1")
 
 
 @pytest.mark.breaks("20-auto-wrap", "fsdp2-root-first-at-4")
