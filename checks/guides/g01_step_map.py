@@ -43,15 +43,27 @@ def one_step_timeline(ctx: RankContext, expected: list[str]) -> dict[str, Any]:
 
 
 def same_on_every_rank(ctx: RankContext) -> int:
-    """Every rank records the same events and issues the same collectives, in the same order."""
+    """Every rank records the same events and issues the same collectives, in the same order, though the rows
+    each rank's root computes on differ."""
     model = fsdp1_gpt(ctx)
     x, y = batch(ctx)  # different rows on each rank: the schedule must not depend on the data
+    rows: list[int] = []
+
+    def note_rows(module: torch.nn.Module, args: tuple) -> None:
+        rows.append(hash(tuple(args[0].flatten().tolist())))  # what the root's own compute receives
+
+    hook = model._fsdp_wrapped_module.register_forward_pre_hook(note_rows)
     with record_comm() as comm, record_events(model) as events:
         _, loss = model(x, y)
         loss.backward()
+    hook.remove()
     require(len(events) > 0 and len(comm) > 0, "nothing-recorded", "nothing was recorded")
     ctx.assert_same_on_all_ranks(events.keys(), "the FSDP event sequence")
     ctx.assert_same_on_all_ranks(comm.keys(), "the collective sequence")
+    inputs = ctx.gather(rows)
+    repeats = [rank for rank, seen in enumerate(inputs) if seen in inputs[:rank]]
+    message = f"ranks {repeats} computed on the same rows as a lower rank: the schedule was not tested on other data"
+    require(not repeats, "same-data-on-ranks", message, repeats=repeats)
     return len(events)
 
 
@@ -95,26 +107,59 @@ def _callers(root: Path, names: list[str]) -> list[str]:
     return found
 
 
+def _hooks_on_node(hooks_dict_ref: Any) -> int:
+    """FSDP post-backward hooks registered on the AccumulateGrad node whose hook dict ``hooks_dict_ref`` (a weak
+    reference, so the check does not keep the node alive) points to; 0 once the node is gone."""
+    hooks = hooks_dict_ref() if hooks_dict_ref is not None else None
+    return sum(
+        getattr(getattr(h, "func", None), "__name__", "") == "_post_backward_hook" for h in (hooks or {}).values()
+    )
+
+
 def post_backward_hook_lives_one_iteration(ctx: RankContext) -> dict[str, list[bool]]:
     """Each flat parameter's AccumulateGrad hook is registered by its first forward of an iteration and removed
-    by the final callback, so every iteration registers it again."""
+    by the final callback, so every iteration registers it again. Iteration 2 runs two forwards before its
+    backward: the second keeps the first's hook. Besides ``_post_backward_hook_state``, the check counts the FSDP
+    hooks on each AccumulateGrad node: one after a forward, none after the backward (removed, not only
+    forgotten)."""
     model = fsdp1_gpt(ctx)
     flat_params = {name: unit._handle.flat_param for name, unit in units(model).items()}
     x, y = batch(ctx)
     seen: dict[str, list[bool]] = {}
+    nodes: dict[str, Any] = {}  # each flat parameter's node's hook dict, by weak reference
 
-    def expect(moment: str, registered: bool) -> None:
+    def expect(moment: str, registered: bool, first: dict[str, Any] | None = None) -> dict[str, Any]:
         seen[moment] = [hasattr(fp, "_post_backward_hook_state") for fp in flat_params.values()]
         wanted = [registered] * len(flat_params)
         message = f"{moment}: post-backward hook registered on {list(flat_params)} = {seen[moment]}, expected {wanted}"
         require(seen[moment] == wanted, "hook-lifetime", message, moment=moment, observed=seen[moment])
+        states = {name: getattr(fp, "_post_backward_hook_state", None) for name, fp in flat_params.items()}
+        if registered:
+            nodes.update({name: state[-1].hooks_dict_ref for name, state in states.items()})
+        counts = [_hooks_on_node(nodes.get(name)) for name in flat_params]
+        reason = "hook-not-from-first-forward" if registered else "hook-not-removed"
+        message = (
+            f"{moment}: FSDP hooks on each AccumulateGrad node {counts}, expected {[int(registered)] * len(counts)}"
+        )
+        require(counts == [int(registered)] * len(counts), reason, message, moment=moment, observed=counts)
+        if first is not None:
+            kept = [states[name] is first[name] for name in flat_params]
+            message = f"{moment}: the hook state is the iteration's first forward's on {kept}"
+            require(all(kept), "hook-not-from-first-forward", message, moment=moment, observed=kept)
+        return states
 
     expect("constructed", registered=False)
-    for iteration in (1, 2):
-        _, loss = model(x, y)
-        expect(f"after forward {iteration}", registered=True)
-        loss.backward()
-        expect(f"after backward {iteration}", registered=False)
+    _, loss = model(x, y)
+    expect("after forward 1", registered=True)
+    loss.backward()
+    expect("after backward 1", registered=False)
+    # Iteration 2: two forwards, one backward of both.
+    _, loss = model(x, y)
+    first = expect("after forward 1 of iteration 2", registered=True)
+    _, again = model(x, y)
+    expect("after forward 2 of iteration 2", registered=True, first=first)
+    (loss + again).backward()
+    expect("after backward 2", registered=False)
     return seen
 
 
@@ -152,3 +197,39 @@ def finalize_keeping_hook_state(original: Any, state: Any) -> None:
     original(state)
     if kept is not None:
         handle.flat_param._post_backward_hook_state = kept
+
+
+class _Unremovable:
+    """A hook handle whose ``remove`` does nothing."""
+
+    def remove(self) -> None:
+        pass
+
+
+def finalize_without_removing_hook(original: Any, state: Any) -> None:
+    """``_finalize_params`` that deletes ``_post_backward_hook_state`` as usual but never removes the hook: the
+    tuple's handle is swapped for one whose ``remove`` does nothing."""
+    flat_param = state._handle.flat_param if state._handle else None
+    hook_state = getattr(flat_param, "_post_backward_hook_state", None)
+    if hook_state is not None:
+        flat_param._post_backward_hook_state = (*hook_state[:-1], _Unremovable())
+    original(state)
+
+
+def register_post_backward_hook_every_forward(original: Any, state: Any, handle: Any) -> None:
+    """``_register_post_backward_hook`` that registers a new hook at every forward, not only the iteration's first:
+    it forgets the attribute that says one is registered (the old hook stays on the node)."""
+    if handle and hasattr(handle.flat_param, "_post_backward_hook_state"):
+        delattr(handle.flat_param, "_post_backward_hook_state")
+    original(state, handle)
+
+
+def forward_on_rank_0s_rows(original: Any, module: Any, *args: Any, **kwargs: Any) -> Any:
+    """``FullyShardedDataParallel.forward`` that first overwrites its integer inputs (token ids, targets) with rank
+    0's: every rank then trains on the same rows, and the schedule is still the same on every rank."""
+    import torch.distributed as dist
+
+    for arg in args:
+        if isinstance(arg, torch.Tensor) and not arg.is_floating_point():
+            dist.broadcast(arg, src=0)
+    return original(module, *args, **kwargs)

@@ -68,25 +68,45 @@ def shard_grad_op_gathers_only_in_forward(ctx: RankContext, steps: int = 2, use_
     return counts
 
 
-def one_all_gather_per_unit_per_forward(ctx: RankContext, steps: int = 2) -> list[list[int]]:
+def _gathered_units(events: Any, comm: Any) -> list[tuple[str, Any]]:
+    """Each all-gather with the unit it gathered: the unit of the latest unshard or prefetch (its target) that
+    began before the collective was issued (one clock orders both recordings)."""
+    starts = sorted(
+        (e.seq, e.target if e.kind == "prefetch" else e.unit) for e in events if e.kind in ("unshard", "prefetch")
+    )
+    named = []
+    for c in comm.select("all_gather"):
+        before = [unit for seq, unit in starts if seq < c.seq]
+        named.append((before[-1] if before else "?", c))
+    return named
+
+
+def one_all_gather_per_unit_per_forward(ctx: RankContext, expected: list[str], steps: int = 2) -> list[list[str]]:
     """Every forward (the first and the steady state) issues exactly one all-gather per unit, in forward order,
-    each of the unit's padded unsharded size."""
+    each of the unit's padded unsharded size, joining ``world_size`` equal shards. Each all-gather is named by the
+    unit whose unshard issued it, and the guide's rows (unit, size) must be the model's: units in the model's
+    module order (the root's forward starts first, then each block), sizes from the layout model."""
+    stated = [" ".join(row.split()) for row in expected]
+    modelled = [f"{unit} {numel}" for unit, numel in padded_sizes(ctx.world_size, element_bytes=4).items()]
+    require_equal(stated, modelled, reason="guide-differs-from-model", what="the guide's all-gathers, by the model")
     model = fsdp1_gpt(ctx)
     observed = []
     for step in range(steps):
         x, y = batch(ctx, step=step)
-        with record_comm() as comm:
+        with record_comm() as comm, record_events(model) as events:
             _, loss = model(x, y)
         loss.backward()
-        # Forward order is unit order here (root's forward starts first, then each block); sizes from the
-        # layout model, not from FSDP's state.
-        expected = list(padded_sizes(ctx.world_size, element_bytes=4).values())
-        sizes = [c.numel for c in comm.select("all_gather")]
-        what = f"forward {step + 1}'s all-gather sizes (one per unit)"
-        assert_sequence(sizes, expected, what=what, reason="all-gather-sizes")
-        callers = sorted({c.caller.split(":")[1] for c in comm.select("all_gather")})
+        named = _gathered_units(events, comm)
+        rows = [f"{unit} {c.numel}" for unit, c in named]
+        what = f"forward {step + 1}'s all-gathers (unit, elements), one per unit in forward order"
+        require_equal(rows, stated, reason="all-gathers-by-unit", what=what, forward=step + 1)
+        shards = [f"{unit} {sorted(set(c.numels))} x {len(c.numels)}" for unit, c in named]
+        wanted = [f"{unit} {[c.numel // ctx.world_size]} x {ctx.world_size}" for unit, c in named]
+        what = f"forward {step + 1}: each all-gather joins one equal shard per rank"
+        require_equal(shards, wanted, reason="all-gather-shards", what=what, forward=step + 1)
+        callers = sorted({c.caller.split(":")[1] for _, c in named})
         require_equal(callers, ["FlatParamHandle._all_gather_flat_param"], reason="all-gather-caller", what="callers")
-        observed.append(sizes)
+        observed.append(rows)
     return observed
 
 
@@ -212,39 +232,72 @@ class _CountingQueue(_FreeEventQueue):
         return event
 
 
-def rate_limiter_waits_as_the_rule_says(ctx: RankContext, limit_all_gathers: bool = True) -> dict[str, Any]:
-    """Over a steady-state step, the free-event queue's enqueues and waits are exactly what the rule predicts from
-    the step's own order of unshards and frees; without limit_all_gathers nothing is queued (in iteration 1 either)
-    and nothing waits."""
+def rate_limiter_waits_as_the_rule_says(
+    ctx: RankContext, limit_all_gathers: bool = True, pending_at_start: int | None = None
+) -> dict[str, Any]:
+    """Over the first step and a steady-state one, the free-event queue's enqueues and waits are exactly what the
+    rule predicts from each step's own order of unshards and frees; the queue the second step starts with is what
+    the rule leaves after the first (``pending_at_start``, the guide's figure). Without limit_all_gathers nothing
+    is queued and no unshard consults the queue, in either step, although both free units."""
     model = fsdp1_gpt(ctx, limit_all_gathers=limit_all_gathers)
-    x, y = batch(ctx)
-    model(x, y)[1].backward()  # lazy init; the queue exists and holds what iteration 1 left
-    queue = _CountingQueue(units(model)[ROOT]._free_event_queue._queue)
-    for unit in units(model).values():
-        unit._free_event_queue = queue  # one queue for the tree, as lazy init shares it
-    pending = len(queue._queue)
-    if not limit_all_gathers:
-        message = f"iteration 1 queued {pending} free events with limit_all_gathers=False"
-        require(pending == 0, "queued-without-limit", message, observed=pending)
-    with record_events(model) as events:
-        model(*batch(ctx, step=1))[1].backward()
-    kinds = [e.kind for e in events if e.kind in ("unshard", "prefetch", "free")]
+    queue = _CountingQueue(type(model._free_event_queue._queue)())
+    model._free_event_queue = queue  # before lazy init, which hands the root's queue to every unit
     limit = queue._max_num_inflight_all_gathers
-    # Without limit_all_gathers the queue is not consulted at all.
-    expected = queue_calls(kinds, pending, limit) if limit_all_gathers else []
     what = f"free-event queue (limit_all_gathers={limit_all_gathers})"
-    assert_sequence(queue.calls, expected, what=what, reason="queue-differs")
+    pending, largest, calls = 0, 0, []
+    for iteration in (1, 2):
+        with record_events(model) as events:
+            model(*batch(ctx, step=iteration - 1))[1].backward()
+        if iteration == 1:
+            shared = sorted(name for name, unit in units(model).items() if unit._free_event_queue is not queue)
+            require(not shared, "queue-not-shared", f"units with a queue of their own: {shared}", observed=shared)
+        kinds = [e.kind for e in events if e.kind in ("unshard", "prefetch", "free")]
+        require("free" in kinds, "nothing-freed", f"iteration {iteration} freed no unit: nothing was tested")
+        # Without limit_all_gathers the queue is not consulted at all.
+        expected = queue_calls(kinds, pending, limit) if limit_all_gathers else []
+        require_equal(queue.calls, expected, reason="queue-differs", what=what, iteration=iteration)
+        queued = [int(call.split()[1]) for call in queue.calls if call.startswith("queue")]
+        largest = max([largest, pending, *queued])
+        if iteration == 1:
+            modelled = (
+                pending + sum(c.startswith("queue") for c in expected) - sum(c.endswith("wait") for c in expected)
+            )
+            require_equal(len(queue._queue), modelled, reason="queue-left", what="events queued after iteration 1")
+            pending = modelled
+            if pending_at_start is not None:
+                what_start = "events queued when iteration 2 starts, against the guide's figure"
+                require_equal(pending_at_start, pending, reason="pending-differs-from-guide", what=what_start)
+        calls = list(queue.calls)
+        queue.calls.clear()
     if limit_all_gathers:
-        waits = any(c.endswith("wait") for c in expected)
+        waits = any(c.endswith("wait") for c in calls)
         require(waits, "limit-never-reached", "the step never reached the limit: nothing was tested")
-    queued = [int(call.split()[1]) for call in queue.calls if call.startswith("queue")]
-    return {"calls": queue.calls, "pending_at_start": pending, "largest_queue": max([pending, *queued])}
+    return {"calls": calls, "pending_at_start": pending, "largest_queue": largest}
 
 
-def memory_over_the_step(ctx: RankContext) -> dict[str, Any]:
+def memory_over_the_step(
+    ctx: RankContext, unsharded_after_forward: dict[str, int], extra_bytes: int, all_gathers: dict[str, int]
+) -> dict[str, Any]:
     """One step of FULL_SHARD and of SHARD_GRAD_OP, with a memory snapshot after each unit's forward and
     post-backward: at the end of forward SHARD_GRAD_OP holds exactly the three blocks' padded unsharded flat
-    parameters more (from the layout model), and over the step it issues one all-gather fewer per block."""
+    parameters more (from the layout model), and over the step it issues one all-gather fewer per block. The
+    guide's figures (the kwargs) must be the model's, and the run's."""
+    sizes = padded_sizes(ctx.world_size, element_bytes=4)
+    blocks = [name for name in sizes if name != ROOT]
+    modelled = {
+        "unsharded_after_forward": {  # the root is kept by both; only SHARD_GRAD_OP keeps the blocks
+            "FULL_SHARD": 4 * sizes[ROOT],
+            "SHARD_GRAD_OP": 4 * sum(sizes.values()),
+        },
+        "extra_bytes": sum(4 * sizes[name] for name in blocks),
+        "all_gathers": {"FULL_SHARD": len(sizes) + len(blocks), "SHARD_GRAD_OP": len(sizes)},
+    }
+    stated = {
+        "unsharded_after_forward": unsharded_after_forward,
+        "extra_bytes": extra_bytes,
+        "all_gathers": all_gathers,
+    }
+    require_equal(stated, modelled, reason="guide-differs-from-model", what="the guide's figures, by the model")
     series: dict[str, list[tuple[str, dict[str, int]]]] = {}
     gathers: dict[str, int] = {}
     for strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
@@ -261,19 +314,17 @@ def memory_over_the_step(ctx: RankContext) -> dict[str, Any]:
             recorder.mark("after step")
         series[strategy] = recorder.series.points
         gathers[strategy] = comm.count("all_gather")
-    sizes = padded_sizes(ctx.world_size, element_bytes=4)
-    blocks = [name for name in sizes if name != ROOT]
-    expected_extra = sum(4 * sizes[name] for name in blocks)
 
-    def unsharded(strategy: str) -> int:
-        return dict(series[strategy])["after forward"]["unsharded"]
-
-    extra = unsharded("SHARD_GRAD_OP") - unsharded("FULL_SHARD")
-    what = "unsharded bytes SHARD_GRAD_OP holds beyond FULL_SHARD after forward"
-    require_equal(extra, expected_extra, reason="extra-unsharded-bytes", what=what)
-    saved = gathers["FULL_SHARD"] - gathers["SHARD_GRAD_OP"]
-    require_equal(saved, len(blocks), reason="all-gathers-saved", what="all-gathers SHARD_GRAD_OP saves per step")
-    return {"series": series, "all_gathers": gathers, "extra_unsharded_bytes": extra}
+    held = {strategy: dict(points)["after forward"]["unsharded"] for strategy, points in series.items()}
+    what = "unsharded bytes held after forward, per strategy"
+    require_equal(held, unsharded_after_forward, reason="unsharded-after-forward", what=what)
+    require_equal(gathers, all_gathers, reason="all-gathers-per-step", what="all-gathers per step, per strategy")
+    # Both equal the model, so SHARD_GRAD_OP holds `extra_bytes` more and saves one all-gather per block.
+    return {
+        "series": series,
+        "all_gathers": gathers,
+        "extra_unsharded_bytes": held["SHARD_GRAD_OP"] - held["FULL_SHARD"],
+    }
 
 
 # -- break-it recipes: this guide's behaviour bent on purpose (tests/break_it/ applies them) --------------
@@ -354,3 +405,49 @@ EXERCISES = (
         reason="held-after-forward",
     ),
 )
+
+
+def unshard_blocks_1_before_blocks_0(original: Any, state: Any, handle: Any) -> None:
+    """``_pre_forward_unshard`` that, at ``blocks.0``, first unshards ``blocks.1`` as a prefetch would (forward
+    training state, then marked prefetched): every unit is still all-gathered once, at its own size, but
+    ``blocks.1`` before ``blocks.0``."""
+    from torch.distributed.fsdp._flat_param import HandleTrainingState
+
+    if handle and handle._handle_index == 1:  # pre-order over the tree: root 0, blocks.0 1, blocks.1 2
+        after = state._exec_order_data.all_handles[2]
+        previous, after._training_state = after._training_state, HandleTrainingState.FORWARD
+        ru._unshard(state, after, state._unshard_stream, state._pre_unshard_stream)
+        after._training_state = previous
+        after._prefetched = True
+    original(state, handle)
+
+
+def reshard_keeping_blocks_1_in_backward(
+    original: Any, state: Any, handle: Any, free_unsharded_flat_param: bool
+) -> None:
+    """``_reshard`` that keeps ``blocks.1``'s unsharded storage after its post-backward hook: the next forward
+    finds it unsharded and issues no all-gather for it."""
+    from torch.distributed.fsdp._flat_param import HandleTrainingState
+
+    if handle._handle_index == 2 and handle._training_state == HandleTrainingState.BACKWARD_POST:
+        free_unsharded_flat_param = False
+    original(state, handle, free_unsharded_flat_param)
+
+
+def unshard_blocks_0_again_for_a_kept_unit(original: Any, state: Any, handle: Any) -> None:
+    """``_pre_forward_unshard`` that, for a unit that needs no all-gather (kept unsharded), all-gathers
+    ``blocks.0`` again in its place and frees it: with `reshard_keeping_blocks_1_in_backward`, the second forward
+    gathers ``blocks.0`` twice and ``blocks.1`` never, four all-gathers of the same sizes."""
+    if handle and not handle.needs_unshard() and handle._handle_index != 0:
+        again = state._exec_order_data.all_handles[1]
+        ru._unshard(state, again, state._unshard_stream, state._pre_unshard_stream)
+        ru._reshard(state, again, True)
+    original(state, handle)
+
+
+def unshard_consulting_the_queue_in_iteration_1(original: Any, state: Any, handle: Any, *args: Any) -> None:
+    """``_unshard`` that asks the free-event queue when limit_all_gathers is off, in the first iteration only
+    (nothing was queued, so it never waits, and the queue ends the iteration empty)."""
+    if handle and not state.limit_all_gathers and state._exec_order_data.is_first_iter:
+        state._free_event_queue.dequeue_if_needed()
+    original(state, handle, *args)

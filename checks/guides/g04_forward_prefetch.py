@@ -136,30 +136,60 @@ def _parse_held(stated: list[str]) -> dict[str, list[str]]:
     return held
 
 
-def _storage_snapshots(model: nn.Module) -> dict[str, dict[str, int]]:
-    """Bytes held by every unit's padded unsharded buffer, taken when each unit's own compute starts (a pre-hook
-    on the wrapped module, which runs after FSDP's pre-forward); a later forward overwrites the earlier one's."""
+def _compute_points(unit: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Where a unit's own compute is sampled: each direct child of its wrapped module that runs before any child
+    unit does (module order is forward order in mini_gpt: the root's embeddings, a block's four layers)."""
+    points = []
+    for name, child in unit._fsdp_wrapped_module.named_children():
+        if isinstance(child, nn.ModuleList) or child in units(unit).values():
+            break
+        points.append((name, child))
+    return points
+
+
+def _storage_snapshots(model: nn.Module) -> tuple[dict[str, dict[str, int]], dict[str, list[tuple[str, list[str]]]]]:
+    """Bytes held by every unit's padded unsharded buffer when each unit's own compute starts (a pre-hook on the
+    wrapped module, which runs after FSDP's pre-forward), and which units hold any at each point through that
+    compute (`_compute_points`, before and after each, and the wrapped module's end); a later forward overwrites
+    the earlier one's."""
     seen: dict[str, dict[str, int]] = {}
+    through: dict[str, list[tuple[str, list[str]]]] = {}
     all_units = units(model)
+
+    def held() -> dict[str, int]:
+        return {n: u._handle.flat_param._full_param_padded.untyped_storage().nbytes() for n, u in all_units.items()}
+
+    def note(name: str, point: str) -> None:
+        through.setdefault(name, []).append((point, [n for n, nbytes in held().items() if nbytes]))
+
     for name, fsdp_unit in all_units.items():
 
-        def snapshot(module: nn.Module, args: object, name: str = name) -> None:
-            seen[name] = {
-                n: u._handle.flat_param._full_param_padded.untyped_storage().nbytes() for n, u in all_units.items()
-            }
+        def start(module: nn.Module, args: object, name: str = name) -> None:
+            seen[name] = held()
+            through[name] = []
 
-        fsdp_unit._fsdp_wrapped_module.register_forward_pre_hook(snapshot)
-    return seen
+        def end(module: nn.Module, args: object, out: object, name: str = name) -> None:
+            if name != ROOT:  # the root's module ends after the blocks' compute, not its own
+                note(name, "end")
+
+        wrapped = fsdp_unit._fsdp_wrapped_module
+        wrapped.register_forward_pre_hook(start)
+        wrapped.register_forward_hook(end)
+        for point, child in _compute_points(fsdp_unit):
+            child.register_forward_pre_hook(lambda m, a, name=name, point=point: note(name, point))
+            child.register_forward_hook(lambda m, a, o, name=name, point=point: note(name, f"after {point}"))
+    return seen, through
 
 
 def held_at_compute(ctx: RankContext, with_prefetch: list[str], without_prefetch: list[str]) -> dict[str, Any]:
     """In iteration 2, which units' unsharded parameters are allocated when each unit's own compute starts, with
-    and without forward prefetch; each allocated one holds its whole padded size (from the layout model)."""
+    and without forward prefetch, and that they stay so through that compute (sampled before and after each of
+    the unit's own layers); each allocated one holds its whole padded size (from the layout model)."""
     full = {name: 4 * numel for name, numel in padded_sizes(ctx.world_size, element_bytes=4).items()}
     observed = {}
     for label, forward_prefetch, stated in (("with", True, with_prefetch), ("without", False, without_prefetch)):
         model = fsdp1_gpt(ctx, forward_prefetch=forward_prefetch)
-        seen = _storage_snapshots(model)
+        seen, through = _storage_snapshots(model)
         for step in range(2):  # iteration 2's snapshots replace iteration 1's
             _, loss = model(*batch(ctx, step=step))
             loss.backward()
@@ -168,7 +198,14 @@ def held_at_compute(ctx: RankContext, with_prefetch: list[str], without_prefetch
                    if nbytes not in (0, full[n])}  # fmt: skip
         require(not partial, "partial-storage", f"storage neither freed nor whole: {partial}", observed=partial)
         what = f"units allocated at each unit's compute start, iteration 2, {label} forward prefetch"
-        require_equal(held, _parse_held(stated), reason="held-differs", what=what, prefetch=label)
+        expected = _parse_held(stated)
+        require_equal(held, expected, reason="held-differs", what=what, prefetch=label)
+        for unit, points in through.items():
+            require(len(points) > 1, "no-compute-points", f"{unit}: its compute was not sampled", unit=unit)
+            for point, units_held in points:
+                message = f"{label} forward prefetch, {unit} at {point}: {units_held} allocated, not {expected[unit]}"
+                require(units_held == expected[unit], "held-during-compute", message, prefetch=label,
+                        point=f"{unit} {point}", observed=units_held, expected=expected[unit])  # fmt: skip
         observed[label] = held
     return observed
 
@@ -368,3 +405,28 @@ EXERCISES = (
         reason="not-the-recorded-order",
     ),
 )
+
+
+_FORWARD_PREFETCHED: list[Any] = []  # the targets `prefetch_remembered` saw picked in forward, newest last
+
+
+def prefetch_remembered(original: Any, state: Any, current_handle: Any) -> Any:
+    """``_get_handle_to_prefetch`` unchanged, that remembers each target it picks in forward."""
+    from torch.distributed.fsdp._flat_param import HandleTrainingState
+
+    target = original(state, current_handle)
+    if target is not None and current_handle._training_state == HandleTrainingState.FORWARD:
+        _FORWARD_PREFETCHED.append(target)
+    return target
+
+
+def layer_norm_freeing_the_prefetch(original: Any, *args: Any, **kwargs: Any) -> Any:
+    """``torch.nn.functional.layer_norm`` that first frees the unit prefetched last, if its own pre-forward has
+    not run yet, and clears its flag (so that pre-forward gathers it again): the prefetched parameters are
+    allocated when the current unit's compute starts, and gone after its first LayerNorm."""
+    while _FORWARD_PREFETCHED:
+        target = _FORWARD_PREFETCHED.pop()
+        if target._prefetched and target._needs_pre_forward_unshard:
+            target.reshard(True)
+            target._prefetched = False
+    return original(*args, **kwargs)

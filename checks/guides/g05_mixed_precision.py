@@ -205,15 +205,22 @@ def buffers_take_owner_dtype_at_lazy_init(ctx: RankContext) -> dict[str, dict[st
     before = buffer_dtypes()
     root(torch.randn(2, 4, device=ctx.device))
     after = buffer_dtypes()
-    root(torch.randn(2, 4, device=ctx.device))
     expected_before = {"0.scale": "torch.float32", "0.calls": "torch.int64", "1.scale": "torch.float32",
                        "1.calls": "torch.int64"}  # fmt: skip
     expected_after = {"0.scale": "torch.bfloat16", "0.calls": "torch.int64", "1.scale": "torch.float16",
                       "1.calls": "torch.int64"}  # fmt: skip
     require_equal(before, expected_before, reason="cast-early", what="buffer dtypes before the first forward")
     require_equal(after, expected_after, reason="buffer-dtypes", what="buffer dtypes after the first forward")
-    require_equal(buffer_dtypes(), expected_after, reason="cast-again", what="buffer dtypes after a later forward")
-    return {"before": before, "after": after}
+    # A cast at a later forward would be invisible on buffers already in their computation dtype (`.to` returns
+    # the tensor itself). Put the float buffers back in fp32: a cast to the owners' dtypes shows.
+    for buffer in root.buffers():
+        if buffer.is_floating_point():
+            buffer.data = buffer.data.float()
+    moved = {name: "torch.float32" if name.endswith("scale") else dtype for name, dtype in expected_after.items()}
+    root(torch.randn(2, 4, device=ctx.device))
+    later = buffer_dtypes()
+    require_equal(later, moved, reason="cast-again", what="buffer dtypes after a later training forward")
+    return {"before": before, "after": after, "after a later forward": later}
 
 
 def buffers_full_precision_in_eval(ctx: RankContext) -> dict[str, dict[str, str]]:
@@ -300,3 +307,15 @@ def buffer_casts_down_only(original: Any, buffers: Any, buffer_dtypes: Any, devi
     if any(dtype == torch.float32 for dtype in buffer_dtypes):
         return
     original(buffers, buffer_dtypes, device)
+
+
+def root_pre_forward_casting_buffers(original: Any, state: Any, module: Any, args: Any, kwargs: Any) -> Any:
+    """``_root_pre_forward`` that, after its work, casts the buffers to their computation dtypes again: a cast at
+    every training forward instead of once at lazy init."""
+    from torch.distributed.fsdp import _runtime_utils
+
+    out = original(state, module, args, kwargs)
+    if state._is_root and module.training:
+        buffers, dtypes = _runtime_utils._get_buffers_and_dtypes_for_computation(state, module)
+        _runtime_utils._cast_buffers_to_dtype_and_device(buffers, dtypes, state.compute_device)
+    return out

@@ -3,7 +3,14 @@
 import pytest
 
 from checks.breakit.patches import returning, wrapping
-from checks.guides.g01_step_map import finalize_keeping_hook_state, forward_registering_hooks, reshard_twice_on_rank_1
+from checks.guides.g01_step_map import (
+    finalize_keeping_hook_state,
+    finalize_without_removing_hook,
+    forward_on_rank_0s_rows,
+    forward_registering_hooks,
+    register_post_backward_hook_every_forward,
+    reshard_twice_on_rank_1,
+)
 from checks.guides.g03_unshard_reshard import reshard_everything
 
 RU = "torch.distributed.fsdp._runtime_utils"
@@ -66,3 +73,25 @@ def test_rank_dependent_resharding_is_caught_on_4_ranks(broken) -> None:
     run = broken(wrapping(f"{RU}:_post_forward_reshard", reshard_twice_on_rank_1))
     assert run.reason == "differs-between-ranks"
     assert run.details["differing"] == [1]
+
+
+@pytest.mark.breaks("01-step-map", "post-backward-hook-per-iteration")
+def test_a_hook_left_registered_is_caught(broken) -> None:
+    # The attribute goes, the hook stays on the AccumulateGrad node: iteration 2 runs two post-backward hooks.
+    run = broken(wrapping(f"{RU}:_finalize_params", finalize_without_removing_hook))
+    assert run.reason == "hook-not-removed"
+    assert run.details["moment"] == "after backward 1" and run.details["observed"] == [1, 1, 1, 1]
+
+
+@pytest.mark.breaks("01-step-map", "post-backward-hook-per-iteration")
+def test_a_hook_registered_at_every_forward_is_caught(broken) -> None:
+    # Two forwards before one backward: the second registers a hook of its own instead of keeping the first's.
+    run = broken(wrapping(f"{RU}:_register_post_backward_hook", register_post_backward_hook_every_forward))
+    assert run.reason == "hook-not-from-first-forward"
+    assert run.details["moment"] == "after forward 2 of iteration 2" and run.details["observed"] == [2, 2, 2, 2]
+
+
+@pytest.mark.breaks("01-step-map", "same-on-every-rank")
+def test_ranks_on_the_same_rows_are_caught(broken) -> None:
+    run = broken(wrapping(FSDP_FORWARD, forward_on_rank_0s_rows))
+    assert (run.reason, run.details) == ("same-data-on-ranks", {"repeats": [1]})

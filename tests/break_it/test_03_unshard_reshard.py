@@ -8,10 +8,14 @@ from checks.guides.g03_unshard_reshard import (
     dequeue_at_one,
     every_sharded_strategy,
     reshard_everything,
+    reshard_keeping_blocks_1_in_backward,
     reshard_keeping_prefetched,
     reshard_queueing_regardless,
     reshard_views_for_every_strategy,
+    unshard_blocks_0_again_for_a_kept_unit,
+    unshard_blocks_1_before_blocks_0,
     unshard_consulting_the_queue,
+    unshard_consulting_the_queue_in_iteration_1,
 )
 from checks.workloads.gpt import padded_sizes
 
@@ -57,9 +61,15 @@ def test_shard_grad_op_that_regathers_in_backward_is_caught(broken) -> None:
 @pytest.mark.breaks("03-unshard-reshard", "one-all-gather-per-unit")
 def test_a_second_all_gather_per_unit_is_caught(broken) -> None:
     run = broken(wrapping(f"{FP}:FlatParamHandle._all_gather_flat_param", all_gather_twice))
-    assert run.reason == "all-gather-sizes"
-    expected = run.details["expected"]
-    assert run.details["observed"] == [size for size in expected for _ in (1, 2)]
+    assert run.reason == "all-gathers-by-unit"
+    assert run.details["observed"] == [row for row in run.details["expected"] for _ in (1, 2)]
+
+
+@pytest.mark.breaks("03-unshard-reshard", "one-all-gather-per-unit")
+def test_a_guide_listing_the_blocks_out_of_order_fails(broken) -> None:
+    stated = ["root 3528", "blocks.1 16020", "blocks.0 16020", "blocks.2 16020"]
+    run = broken(expected=stated)
+    assert (run.reason, run.details["observed"]) == ("guide-differs-from-model", stated)
 
 
 @pytest.mark.breaks("03-unshard-reshard", "reshard-clears-prefetched")
@@ -71,29 +81,37 @@ def test_reshard_that_keeps_the_flag_is_caught(broken) -> None:
 @pytest.mark.breaks("03-unshard-reshard", "one-all-gather-per-unit-at-4")
 def test_a_second_all_gather_per_unit_is_caught_on_4_ranks(broken) -> None:
     run = broken(wrapping(f"{FP}:FlatParamHandle._all_gather_flat_param", all_gather_twice))
-    assert run.reason == "all-gather-sizes"
-    assert run.details["observed"] == [size for size in run.details["expected"] for _ in (1, 2)]
+    assert run.reason == "all-gathers-by-unit"
+    assert run.details["observed"] == [row for row in run.details["expected"] for _ in (1, 2)]
 
 
 @pytest.mark.breaks("03-unshard-reshard", "rate-limiter-rule")
 def test_a_limiter_that_waits_at_one_is_caught(broken) -> None:
     run = broken(wrapping("torch.distributed.fsdp._limiter_utils:_FreeEventQueue.dequeue_if_needed", dequeue_at_one))
     assert run.reason == "queue-differs"
-    first = run.details["first"]
-    assert run.details["expected"][first].endswith("go") and run.details["observed"][first].endswith("wait")
+    pairs = zip(run.details["expected"], run.details["observed"], strict=False)
+    expected, observed = next((e, o) for e, o in pairs if e != o)
+    assert expected.endswith("go") and observed.endswith("wait")
+
+
+@pytest.mark.breaks("03-unshard-reshard", "rate-limiter-rule")
+def test_a_guide_figure_for_the_queue_off_the_rule_fails(broken) -> None:
+    run = broken(pending_at_start=3)
+    assert (run.reason, run.details["observed"], run.details["expected"]) == ("pending-differs-from-guide", 3, 4)
 
 
 @pytest.mark.breaks("03-unshard-reshard", "no-rate-limiter-without-limit-all-gathers")
 def test_a_queue_consulted_without_the_limit_is_caught(broken) -> None:
     run = broken(wrapping(f"{RU}:_unshard", unshard_consulting_the_queue))
     assert run.reason == "queue-differs"
-    assert run.details["expected"] == [] and run.details["observed"]
+    assert run.details["expected"] == [] and run.details["observed"][0] == "unshard 0 go"
 
 
 @pytest.mark.breaks("03-unshard-reshard", "no-rate-limiter-without-limit-all-gathers")
 def test_a_reshard_that_queues_without_the_limit_is_caught(broken) -> None:
     run = broken(wrapping(f"{RU}:_reshard", reshard_queueing_regardless))
-    assert run.reason == "queued-without-limit" and run.details["observed"] > 0
+    assert (run.reason, run.details["iteration"]) == ("queue-differs", 1)
+    assert run.details["expected"] == [] and run.details["observed"][0] == "queue 1"
 
 
 @pytest.mark.breaks("03-unshard-reshard", "full-shard-reshards-views")
@@ -123,12 +141,56 @@ def test_a_root_freed_after_forward_is_caught(broken) -> None:
 @pytest.mark.breaks("03-unshard-reshard", "memory-over-the-step")
 def test_full_shard_that_frees_nothing_holds_as_much_as_shard_grad_op(broken) -> None:
     run = broken(NOTHING_RESHARDS)
-    assert run.reason == "extra-unsharded-bytes"
-    assert (run.details["observed"], run.details["expected"]) == (0, 3 * BLOCK_BYTES)
+    assert run.reason == "unsharded-after-forward"
+    assert run.details["observed"]["FULL_SHARD"] == run.details["expected"]["SHARD_GRAD_OP"]
 
 
 @pytest.mark.breaks("03-unshard-reshard", "memory-over-the-step")
 def test_doubled_all_gathers_change_what_shard_grad_op_saves(broken) -> None:
     run = broken(wrapping(f"{FP}:FlatParamHandle._all_gather_flat_param", all_gather_twice))
-    assert run.reason == "all-gathers-saved"
-    assert (run.details["observed"], run.details["expected"]) == (6, 3)
+    assert run.reason == "all-gathers-per-step"
+    assert run.details["observed"] == {"FULL_SHARD": 14, "SHARD_GRAD_OP": 8}
+
+
+@pytest.mark.breaks("03-unshard-reshard", "memory-over-the-step")
+def test_a_guide_figure_off_the_model_fails(broken) -> None:
+    run = broken(extra_bytes=3 * BLOCK_BYTES + 4)
+    assert run.reason == "guide-differs-from-model"
+    assert run.details["expected"]["extra_bytes"] == 3 * BLOCK_BYTES
+
+
+GATHER_BLOCKS_1_FIRST = wrapping(f"{RU}:_pre_forward_unshard", unshard_blocks_1_before_blocks_0)
+GATHER_BLOCKS_0_TWICE = (
+    wrapping(f"{RU}:_reshard", reshard_keeping_blocks_1_in_backward),
+    wrapping(f"{RU}:_pre_forward_unshard", unshard_blocks_0_again_for_a_kept_unit),
+)
+IN_ORDER = ["root 3528", "blocks.0 16020", "blocks.1 16020", "blocks.2 16020"]
+
+
+@pytest.mark.breaks("03-unshard-reshard", "one-all-gather-per-unit")
+def test_blocks_gathered_out_of_order_are_caught(broken) -> None:
+    run = broken(GATHER_BLOCKS_1_FIRST)
+    assert (run.reason, run.details["expected"]) == ("all-gathers-by-unit", IN_ORDER)
+    assert run.details["observed"] == ["root 3528", "blocks.1 16020", "blocks.0 16020", "blocks.2 16020"]
+
+
+@pytest.mark.breaks("03-unshard-reshard", "one-all-gather-per-unit")
+def test_a_block_gathered_twice_and_one_never_is_caught(broken) -> None:
+    # Forward 1 is as expected; forward 2 finds blocks.1 kept from backward and gathers blocks.0 in its place.
+    run = broken(*GATHER_BLOCKS_0_TWICE)
+    assert (run.reason, run.details["forward"]) == ("all-gathers-by-unit", 2)
+    assert run.details["observed"] == ["root 3528", "blocks.0 16020", "blocks.0 16020", "blocks.2 16020"]
+
+
+@pytest.mark.breaks("03-unshard-reshard", "one-all-gather-per-unit-at-4")
+def test_blocks_gathered_out_of_order_are_caught_on_4_ranks(broken) -> None:
+    run = broken(GATHER_BLOCKS_1_FIRST)
+    assert run.reason == "all-gathers-by-unit"
+    assert run.details["observed"][1:3] == ["blocks.1 16020", "blocks.0 16020"]
+
+
+@pytest.mark.breaks("03-unshard-reshard", "no-rate-limiter-without-limit-all-gathers")
+def test_a_queue_consulted_in_iteration_1_is_caught(broken) -> None:
+    run = broken(wrapping(f"{RU}:_unshard", unshard_consulting_the_queue_in_iteration_1))
+    assert (run.reason, run.details["iteration"]) == ("queue-differs", 1)
+    assert run.details["expected"] == [] and run.details["observed"][0] == "unshard 0 go"

@@ -6,7 +6,9 @@ from checks.breakit.patches import returning, wrapping
 from checks.guides.g04_forward_prefetch import (
     forward_target_after_next_iter,
     forward_target_by_module_order,
+    layer_norm_freeing_the_prefetch,
     next_iter_forgetting_order,
+    prefetch_remembered,
     prefetch_two_ahead,
     unshard_even_if_prefetched,
 )
@@ -104,3 +106,19 @@ def test_units_never_freed_in_backward_are_counted(broken) -> None:
 def test_a_guide_table_without_the_reordering_fails(broken) -> None:
     run = broken(with_prefetch=WITHOUT_PREFETCH)
     assert (run.reason, run.details["prefetch"]) == ("table-differs-from-model", "with")
+
+
+@pytest.mark.breaks("04-forward-prefetch", "prefetch-holds-next-unit")
+def test_a_prefetch_freed_during_compute_is_caught(broken) -> None:
+    # blocks.1, prefetched by blocks.0, is allocated when blocks.0's compute starts and freed by its first
+    # LayerNorm: blocks.1's own pre-forward then gathers it again.
+    run = broken(
+        wrapping(f"{RU}:_get_handle_to_prefetch", prefetch_remembered),
+        wrapping("torch.nn.functional:layer_norm", layer_norm_freeing_the_prefetch),
+    )
+    assert (run.reason, run.details["prefetch"]) == ("held-during-compute", "with")
+    assert run.details["point"] == "blocks.0 after ln_1"
+    assert (run.details["observed"], run.details["expected"]) == (
+        ["root", "blocks.0"],
+        ["root", "blocks.0", "blocks.1"],
+    )

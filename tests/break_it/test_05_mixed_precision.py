@@ -10,6 +10,7 @@ from checks.guides.g05_mixed_precision import (
     gather_then_scale,
     reduce_dtype_ignored,
     root_input_uncast,
+    root_pre_forward_casting_buffers,
 )
 from checks.workloads.gpt import padded_sizes
 
@@ -102,3 +103,14 @@ def test_buffers_left_low_in_eval_are_caught(broken) -> None:
     assert run.reason == "eval-not-full-precision"
     observed = run.details["observed"]
     assert (observed["0.scale"], observed["1.scale"]) == ("torch.bfloat16", "torch.float16")
+
+
+@pytest.mark.breaks("05-mixed-precision", "buffers-cast-at-lazy-init")
+def test_buffers_cast_at_every_forward_are_caught(broken) -> None:
+    # The check puts the float buffers back in fp32 after the first forward; a cast at the next forward shows.
+    run = broken(wrapping(f"{RU}:_root_pre_forward", root_pre_forward_casting_buffers))
+    assert run.reason == "cast-again"
+    assert (run.details["observed"]["0.scale"], run.details["observed"]["1.scale"]) == (
+        "torch.bfloat16",
+        "torch.float16",
+    )
