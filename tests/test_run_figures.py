@@ -277,12 +277,8 @@ DRAW_STATISTICS = {
             "freeze something": lambda u: any(not p.requires_grad for p in flat_param_draws.params_of(u)),
             "have a zero-size parameter": lambda u: any(p.numel == 0 for p in flat_param_draws.params_of(u)),
             "have a fifth child, the trainable bare parameter added": lambda u: len(u["modules"]) == 5,
-            "at two ranks have parameters and alignment padding that the world size does not divide": (
-                _flat_param_statistics(2)
-            ),
-            "at four ranks have parameters and alignment padding that the world size does not divide": (
-                _flat_param_statistics(4)
-            ),
+            "at two ranks need padding to a multiple of 2": (_flat_param_statistics(2)),
+            "at four ranks need padding to a multiple of 4": (_flat_param_statistics(4)),
         },
     ),
     "16-fsdp2-per-parameter-sharding": DrawStatistics(

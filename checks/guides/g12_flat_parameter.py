@@ -434,13 +434,16 @@ def real_layout(model: FSDP, ctx: RankContext, title: str = "") -> dict[str, Any
     )
 
 
+ROW_ROOM = 78  # a guide's expect row fits 80 columns with a cell each side
+
+
 def layout_diagram(ctx: RankContext, expected: list[str], use_orig_params: bool = True) -> dict[str, Any]:
     """The guide's unit wrapped on this world, its diagram drawn from the real metadata and compared line by line
     with the guide's ``expect`` block; returns the fields for ``fsdp-readings layout``."""
     unit = {**LAYOUT_UNIT, "use_orig_params": use_orig_params}
     model = wrap_unit(ctx, unit)
     fields = real_layout(model, ctx, title="the unit")
-    lines = [line.rstrip() for line in diagram_lines(fields)]  # no line starts blank: compared whole
+    lines = [line.rstrip() for line in diagram_lines(fields, width=ROW_ROOM)]  # no row starts blank: compared whole
     # A failure carries the fields too, so `fsdp-readings layout` can draw what the ranks built instead.
     for i, (got, want) in enumerate(zip(lines, expected, strict=False)):
         require_equal(got, want, reason="diagram-differs", what=f"diagram line {i + 1}", line=i + 1, lines=lines,

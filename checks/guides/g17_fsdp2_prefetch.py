@@ -502,8 +502,17 @@ def watch_order(model: nn.Module) -> WatchedOrder:
 
 
 def _paths(stated: list[str]) -> dict[str, list[str]]:
-    """``label  A → B → C`` lines: the call path of each label, outermost first."""
-    return {line.split()[0]: [part.strip() for part in line.split(None, 1)[1].split("→")] for line in stated}
+    """The call path of each label, outermost first: a ``label  A`` row starts it, and each ``→ B`` row after it
+    adds the function the row above calls (one row per call, so a path of long names fits 78 columns)."""
+    paths: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in stated:
+        head, rest = line.split(None, 1)
+        if head == "→":
+            current.append(rest.strip())
+        else:
+            current = paths[head] = [rest.strip()]
+    return paths
 
 
 def _require_clears(

@@ -195,8 +195,8 @@ def reshard_settings(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
 
 
 def _cost_line(label: str, held: int, ring: dict[str, Any], peak: str) -> str:
-    parts = [f"{label:<6}", f"held {held:,}", *(f"{k} {int(v):,}" for k, v in ring.items()), peak]
-    return "  ".join(parts).rstrip()
+    parts = [f"{label:<5}", f"held {f'{held:,}':<7}", *(f"{k} {int(v):,}" for k, v in ring.items()), peak]
+    return " ".join(parts).rstrip()
 
 
 def reshard_cost(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
@@ -401,11 +401,13 @@ def _tied_lines(formulas: dict[str, torch.Tensor], ctx: RankContext, element: tu
     first, second = formulas["sum-then-round"], formulas["round-each"]
     differ = first != second
     rows = [row_range(tuple(first.shape), ctx.world_size, r) for r in range(ctx.world_size)]
-    per_rank = ", ".join(f"rank {r}'s rows on {int(differ[lo:hi].sum()):,}" for r, (lo, hi) in enumerate(rows))
+    per_rank = ", ".join(
+        f"{int(differ[lo:hi].sum()):,} in rank {r}'s" + (" rows" if r == 0 else "") for r, (lo, hi) in enumerate(rows)
+    )
     i, j = element
     return [
-        f"tok_emb.weight  {first.numel():,} elements  the orders differ on {int(differ.sum()):,}: {per_rank}",
-        f"tok_emb.weight[{i}, {j}]  sum-then-round {first[i, j].item()!r}  round-each {second[i, j].item()!r}",
+        f"{first.numel():,} elements, {int(differ.sum()):,} differ: {per_rank}",
+        f"[{i}, {j}]  sum-then-round {first[i, j].item()!r}  round-each {second[i, j].item()!r}",
     ]
 
 
@@ -467,8 +469,7 @@ def _policy(param_dtype: str | None, reduce_dtype: str | None) -> Any:
 def _precision_line(label: str, observed: dict[str, list[str]]) -> str:
     """One line of the guide's table from one policy's observed dtypes (each list holds one)."""
     (gathered,), (reduced,), (grad,), (op,), (waits,) = (observed[k] for k in PRECISION_COLUMNS)
-    return (f"{label:<10} all-gather {gathered:<9} reduce-scatter {reduced:<9} {op:<4} grads {grad:<8} "
-            f"waits {waits}")  # fmt: skip
+    return f"{label:<10} gather {gathered:<9} reduce {reduced:<9}{op:<4} grads {grad:<8} waits {waits}"
 
 
 PRECISION_COLUMNS = ("all_gather", "reduce_scatter", "grads", "ops", "waits")

@@ -18,6 +18,7 @@ the flat parameter as built, up to the padded unsharded size: the zeros `_get_sh
 from __future__ import annotations
 
 import string
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -137,6 +138,12 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _wrapped(text: str, width: int) -> list[str]:
+    """A line of words (the title, the legend) broken at spaces into rows of at most ``width``: it holds no
+    columns, and cropping it would drop what a reader needs (a padding count, the ``|rN`` key)."""
+    return textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False) or [""]
+
+
 def diagram_lines(fields: dict[str, Any], width: int = 100) -> list[str]:
     """The picture, every line at most ``width`` columns."""
     if width < 40:
@@ -148,7 +155,7 @@ def diagram_lines(fields: dict[str, Any], width: int = 100) -> list[str]:
     head = f"{fields['padded_numel']} elements = {counts['param']} in {len(params)} parameters"
     head += "".join(f" + {counts[k]} {SHORT[k]}" for k in FILL if counts[k])
     head += f"; {n} ranks x {ws}" if fields["sharded"] else f"; NO_SHARD on {n} ranks"
-    lines = [_clip(f"{fields['title']}: {head}" if fields["title"] else head, width)]
+    lines = _wrapped(f"{fields['title']}: {head}" if fields["title"] else head, width)
     total = fields["padded_numel"]
     # No line starts with a blank: a guide's expect block keeps each line from its first visible character, so
     # the bar and the ruler both start at column 0, the ruler's `|` right above the first element of a shard.
@@ -156,7 +163,7 @@ def diagram_lines(fields: dict[str, Any], width: int = 100) -> list[str]:
     bar, ruler = _bar(fields, width)
     lines.append(bar)
     lines.append(ruler.rstrip())
-    lines.append(_clip(f"1 char = {scale} element{'s' if scale > 1 else ''}  " + _legend(segs), width))
+    lines += _wrapped(f"1 char = {scale} element{'s' if scale > 1 else ''}  " + _legend(segs), width)
     name_width = min(28, max([len(_name(s)) for s in segs] + [4]))
     lines.append(_clip(f"{'id':2} {'offset':>6} {'numel':>6}  {'segment':<{name_width}}  pieces per rank", width))
     for seg in segs:

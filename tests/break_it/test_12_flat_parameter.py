@@ -136,7 +136,8 @@ def test_a_different_alignment_changes_the_diagram(broken) -> None:
     assert run.reason == "diagram-differs"
     # Aligned to 5: w1 and m0 start at 10 and m0.bias at 25 with no padding; 2 before m1.weight, 1 at the end.
     assert run.details["line"] == 1
-    assert run.details["observed"].endswith("+ 2 alignment + 1 world-size padding; 4 ranks x 13")
+    assert run.details["observed"] == "the unit: 52 elements = 49 in 5 parameters + 2 alignment + 1 world-size"
+    assert run.details["lines"][1] == "padding; 4 ranks x 13"  # the head's continuation row
 
 
 # -- CPU offload -------------------------------------------------------------------------------------------------------

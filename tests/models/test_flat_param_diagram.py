@@ -59,7 +59,8 @@ def test_long_units_are_scaled_to_the_width() -> None:
     spec = flat_param([Param(f"block.{i}.weight", (1000 + i,)) for i in range(6)], 4, use_orig_params=True)
     lines = diagram_lines(fields_from_spec(spec), width=80)
     assert all(len(line) <= 80 for line in lines)
-    assert lines[3].startswith("1 char = 76 elements")  # ceil(6,024 elements / 80 columns)
+    legend = next(line for line in lines if line.startswith("1 char"))
+    assert legend.startswith("1 char = 76 elements")  # ceil(6,024 elements / 80 columns)
 
 
 def test_real_fields_are_checked() -> None:
@@ -80,4 +81,12 @@ def test_every_drawn_unit_fits_100_columns_and_adds_up(unit: dict) -> None:
         assert fields["padded_numel"] == (spec.padded_unsharded_numel or spec.flat_numel)
         lines = diagram_lines(fields)
         assert all(len(line) <= 100 for line in lines)
-        assert len(lines) == 5 + len(fields["segments"]) + len(spec.shared)
+        header = next(i for i, line in enumerate(lines) if line.startswith("id offset"))
+        assert len(lines) - header - 1 == len(fields["segments"]) + len(spec.shared)
+
+
+def test_the_title_and_legend_continue_on_the_next_row_never_cropped() -> None:
+    lines = diagram_lines(fields_from_spec(flat_param(MIXED, 4, use_orig_params=True), "the unit"), width=60)
+    assert all(len(line) <= 60 for line in lines) and not any(line.endswith("…") for line in lines[:6])
+    words = " ".join(lines).split()
+    assert "world-size" in words and "|rN" in words and "shard" in words  # the legend's last key is kept
