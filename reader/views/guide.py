@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from rich import box
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.markdown import CodeBlock, Markdown, MarkdownElement
 from rich.padding import Padding
@@ -71,23 +72,40 @@ def sentence_markdown(text: str) -> str:
     return _BLOCK_MARKER.sub(escape, text)
 
 
-class CroppedCodeBlock(CodeBlock):
-    """A fenced block of the prose (a diagram, a table drawn in text) at its own line breaks: a row wider than
-    the console is cropped, ending in `CROPPED`, because wrapping it would scramble the columns."""
+@dataclass(frozen=True)
+class CroppedRows:
+    """Rows shown at their own line breaks: a row wider than the room it is given is cropped and ends in
+    `CROPPED`, because wrapping it would scramble the columns of a diagram or a table of values. The guides keep
+    every such row within 78 cells (``tests/reader/test_fits_80_columns.py``), so at 80 columns nothing is cropped;
+    cropping is the fallback for narrower terminals."""
+
+    rows: tuple[Text, ...]
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        room = max(options.max_width - 2, 1)  # one cell of padding each side, as rich's own code block
-        code = str(self.text).rstrip()
-        highlighted = Syntax(code, self.lexer_name, theme=self.theme).highlight(code)
-        highlighted.rstrip()
-        rows = []
-        for row in highlighted.split("\n", allow_blank=True):
+        room = max(options.max_width, 1)
+        shown = []
+        for written in self.rows:
+            row = written.copy()
             row.rstrip()
             if row.cell_len > room:
                 row.truncate(room - 1)
                 row.append(CROPPED, style="dim")
-            rows.append(row)
-        yield Padding(Text("\n").join(rows), (1, 1), style="markdown.code_block", expand=False)
+            shown.append(row)
+        line = Text("\n").join(shown)
+        line.no_wrap, line.overflow = True, "ignore"
+        yield line
+
+
+class CroppedCodeBlock(CodeBlock):
+    """A fenced block of the prose (a diagram, a table drawn in text) at its own line breaks, with one cell of
+    padding each side as rich's own code block has: rows of 78 cells fit at 80 columns (`CroppedRows`)."""
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        code = str(self.text).rstrip()
+        highlighted = Syntax(code, self.lexer_name, theme=self.theme).highlight(code)
+        highlighted.rstrip()
+        rows = CroppedRows(tuple(highlighted.split("\n", allow_blank=True)))
+        yield Padding(rows, (1, 1), style="markdown.code_block", expand=False)
 
 
 class GuideMarkdown(Markdown):
@@ -279,12 +297,21 @@ def notes_table(notes: Sequence[PinnedNote]) -> RenderableType:
 
 
 def expect_panel(guide: Guide, block: ExpectBlock) -> RenderableType:
-    """The block's items, one per row as written: a row wider than the panel (a diagram's, guide 12's layout) is
-    cropped and ends in `CROPPED`, never wrapped into the row below."""
+    """The block's items, one per row as written, between a rule titled with its name and one naming the claims
+    that check it. The rules have no sides, so a row has the room a diagram's has (78 cells at 80 columns); a
+    wider row is cropped (`CroppedRows`), never wrapped into the row below."""
     users = [c.id for c in guide.claims for v in c.kwargs.values() if block_reference(v) == block.name]
     checked = f"checked by claim {', '.join(users)}" if users else "not used by any claim"
-    items = Text("\n".join(block.items), no_wrap=True, overflow="ellipsis")
-    return Panel(items, title=f"expected: {block.name}", subtitle=checked, title_align="left")
+    rows = CroppedRows(tuple(Text(item) for item in block.items))
+    return Panel(
+        rows,
+        title=f"expected: {block.name}",
+        subtitle=checked,
+        title_align="left",
+        subtitle_align="left",
+        box=box.HORIZONTALS,
+        padding=(0, 0),
+    )
 
 
 def predict_panel(question: PredictQuestion, *, answers: bool = False) -> RenderableType:

@@ -23,8 +23,7 @@ from pathlib import Path
 import pytest
 
 from reader.commands.app import main, make_console
-from reader.format.guide import Prose
-from reader.format.parse import load_guide, parse_guide
+from reader.format.parse import parse_guide
 from reader.gate.workspace import Workspace
 from reader.views.guide import CROPPED, print_guide
 from tests.reader.reader_support import PREFETCH_ANCHOR, guide, make_tree
@@ -156,28 +155,6 @@ def test_a_diagram_wider_than_the_console_is_cropped_with_a_marker_never_wrapped
         assert shown.endswith(CROPPED) and rows[0].startswith(shown.strip()[:-1].rstrip())
     else:
         assert shown.strip() == rows[0]
-
-
-def _diagram_rows(guide_id: str) -> list[str]:
-    """The rows of the guide's diagrams: its prose's fences without an info string."""
-    found = load_guide(READINGS / f"{guide_id}.md")
-    rows = []
-    for region in found.regions_of(Prose):
-        for fence in re.findall(r"^```\n(.*?)^```", region.text, flags=re.MULTILINE | re.DOTALL):
-            rows += [row for row in fence.split("\n") if row.strip()]
-    return rows
-
-
-# Guides from 06 on, as drawn for an 80-column terminal (01-05 are cropped at 80, with the marker, until redrawn).
-REDRAWN = sorted(path.stem for path in READINGS.glob("[0-9][0-9]-*.md") if int(path.stem[:2]) >= 6)
-
-
-@pytest.mark.parametrize("guide_id", REDRAWN)
-def test_the_diagrams_of_guides_from_06_fit_80_columns(guide_id: str) -> None:
-    """A code block is shown with a cell of padding each side: 78 columns of diagram fit an 80-column
-    terminal whole, "◄── this guide" included."""
-    wide = [(len(row), row) for row in _diagram_rows(guide_id) if len(row.rstrip()) > 78]
-    assert not wide, f"{guide_id}: {wide[:2]}"
 
 
 # --- a banner above a definition --------------------------------------------------------------------------------

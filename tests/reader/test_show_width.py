@@ -27,6 +27,7 @@ from reader.gate.workspace import LOCK_NAME, Workspace
 from reader.source.anchors import AnchorError, Resolution
 from reader.source.checkref import CheckFinder
 from reader.source.torch_source import open_source
+from reader.views import guide as guide_view
 from reader.views.guide import sentence_markdown, verbatim_rst
 from reader.views.quote import shown_start
 
@@ -35,6 +36,7 @@ pytestmark = pytest.mark.shared_index_cache  # renders the real guides; counts n
 READINGS = Path(__file__).resolve().parents[2] / "readings"
 GUIDE_IDS = sorted(path.stem for path in READINGS.glob("[0-9][0-9]-*.md"))
 WIDTHS = (60, 80, 100)
+CROPPED = "\ue000"  # what ends a row show crops, in these renders: no guide writes it
 ANSI = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\))")  # CSI sequences and OSC (links)
 # A quoted line: the panel's edge, the note marker or two spaces, the right-aligned number, then the code.
 NUMBERED = re.compile(r"^│ (?:❱ |  )( *\d+) (.*?) *│$")
@@ -66,7 +68,9 @@ def shown() -> Iterator[Callable[[str, int], Shown]]:
         if (guide_id, width) not in done:
             buffer = io.StringIO()
             console = make_console(file=buffer, width=width, force_terminal=False, color_system=None)
-            code = main(["--readings", str(READINGS), "show", guide_id], console=console)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(guide_view, "CROPPED", CROPPED)
+                code = main(["--readings", str(READINGS), "show", guide_id], console=console)
             assert code == 0, buffer.getvalue()[-2000:]
             done[guide_id, width] = Shown(by_id[guide_id], workspace, width, buffer.getvalue())
         return done[guide_id, width]
@@ -86,6 +90,22 @@ def test_no_line_is_wider_than_the_console(shown, guide_id: str, width: int) -> 
     wide = [(n, len(line), line) for n, line in enumerate(view.lines, start=1) if len(line) > width]
     assert not wide, f"{guide_id} at {width} columns: {wide[:3]}"
     assert ANSI.search(view.out) is None  # not a terminal: plain text
+
+
+@pytest.mark.parametrize("width", [80, 100])
+@pytest.mark.parametrize("guide_id", GUIDE_IDS)
+def test_nothing_is_cropped_at_80_columns_or_wider(shown, guide_id: str, width: int) -> None:
+    """A diagram's or an expect block's row is cropped only below 80 columns (the guides keep them within 78
+    cells, `test_fits_80_columns.py`), and nothing else is ever cropped."""
+    cropped = [line.rstrip() for line in shown(guide_id, width).lines if CROPPED in line]
+    assert not cropped, f"{guide_id} at {width} columns crops {len(cropped)} row(s): {cropped[:3]}"
+
+
+def test_below_80_columns_a_wide_row_is_cropped_not_wrapped(shown) -> None:
+    # guide 12's layout diagrams are drawn at 78 cells: at 60 they are cropped, the fallback, and still fit
+    lines = shown("12-flat-parameter", 60).lines
+    assert any(line.rstrip().endswith(CROPPED) for line in lines)
+    assert max(len(line) for line in lines) <= 60
 
 
 # --- no text lost -------------------------------------------------------------------------------------------
