@@ -15,10 +15,20 @@ def test_layout_draws_what_rank_read(pool: PoolManager) -> None:
     code, out = run(["layout", GUIDE, CLAIM, "--rank", "3"], pool, width=100)
     assert code == 0, out
     assert not ANSI.search(out) and max(len(line) for line in out.splitlines()) <= 100
-    # The guide's diagram is the claim's expected value: the view shows the same lines, from the run.
+    # The guide's diagram is the claim's expected value: the view shows the same picture, from the run. Its
+    # columns (bar, ruler, one row per segment) are the same lines; its title and legend, words that the
+    # diagram breaks at its width (78 cells in the guide, 100 here), the same words in the same order.
     diagram = load_guide(READINGS / f"{GUIDE}.md").expect_blocks()[CLAIM].items
     shown = [line.rstrip() for line in out.splitlines()]
-    assert all(line in shown for line in diagram), out
+    bar = next(i for i, line in enumerate(diagram) if set(line) <= set("ABCDE.~"))
+    columns = [
+        diagram[bar],
+        diagram[bar + 1],
+        *diagram[next(i for i, r in enumerate(diagram) if r.startswith("id ")) :],
+    ]
+    assert all(line in shown for line in columns), out
+    words, seen = " ".join(diagram).split(), " ".join(shown).split()
+    assert any(seen[i : i + len(words)] == words for i in range(len(seen))), out
     assert f"{GUIDE} · {CLAIM} · as rank 3 read it" in out
 
 

@@ -8,14 +8,16 @@ from pathlib import Path
 
 from checks.ranks.manager import PoolManager
 from checks.ranks.protocol import CheckRequest
-from tests.study.test_commands import ANSI, run
+from reader.format.parse import load_guide
+from tests.study.test_commands import ANSI, READINGS, run
 
 CLAIM = "memory-over-the-step"
 CHECK = "checks.guides.g03_unshard_reshard:memory_over_the_step"
 
 
 def test_the_picture_draws_the_probes_numbers(pool: PoolManager, data_dir, tmp_path: Path) -> None:
-    probe = pool.run(CheckRequest(CHECK)).values()[0]["series"]
+    claim = load_guide(READINGS / "03-unshard-reshard.md").claim(CLAIM)  # the figures the check holds
+    probe = pool.run(CheckRequest(CHECK, kwargs=claim.kwargs)).values()[0]["series"]
     picture = tmp_path / "memory.svg"
     code, out = run(["memory", "03-unshard-reshard", CLAIM, "--svg", str(picture)], pool, width=80)
     assert code == 0, out
