@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from itertools import pairwise
 from typing import Any
 
@@ -13,30 +12,14 @@ from checks.breakit.exercises import Exercise
 from checks.breakit.patches import wrapping
 from checks.models import autograd_order
 from checks.models.prefetch import forward_prefetches as model_forward_prefetches
+from checks.models.unit_counts import unit_counts
 from checks.naming import ROOT
 from checks.probes import EventLog, clock, record_events
+from checks.probes.compute_marks import ComputeMarks
 from checks.ranks.context import RankContext
 from checks.violation import require, require_equal
 from checks.workloads.gpt import batch, fsdp1_gpt, padded_sizes, units
-from mini_gpt import GPT
-
-
-class OrderedBlocks(nn.ModuleList):
-    """Blocks iterated in ``order`` when it is set; their module names stay ``blocks.0``, ``blocks.1``, ..."""
-
-    order: list[int] | None = None
-
-    def __iter__(self) -> Iterator[nn.Module]:
-        return iter([self[i] for i in self.order]) if self.order is not None else super().__iter__()
-
-
-class ReorderableGPT(GPT):
-    """mini_gpt whose forward runs its blocks in ``blocks.order``: a model whose forward order can change
-    between iterations, which the static-graph assumption of forward prefetch does not expect."""
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)
-        self.blocks = OrderedBlocks(self.blocks)
+from checks.workloads.reorderable import ReorderableGPT
 
 
 def forward_prefetches(events: EventLog, iteration: int) -> list[str]:
@@ -277,11 +260,10 @@ def _moments(stated: list[str]) -> list[tuple[str, int]]:
 def _backward_of_iteration_2(ctx: RankContext, forward_prefetch: bool) -> dict[str, Any]:
     """Iteration 2 of mini_gpt (BACKWARD_PRE, the default): its forward's creation order, its backward's hooks and
     prefetches, and the unsharded bytes at each compute start and after each post-backward hook."""
-    from checks.guides.g06_backward_prefetch import ComputeMarks
     from checks.probes.memory_series import record_memory_series
 
     model = fsdp1_gpt(ctx, forward_prefetch=forward_prefetch)
-    marks = ComputeMarks(model)
+    marks = ComputeMarks(units(model))
     created = _creation_order(model)
     for step in range(2):
         created.clear()
@@ -309,8 +291,6 @@ def prefetch_reorders_backward(ctx: RankContext, with_prefetch: list[str], witho
     and blocks.2's post-backward hook. The measured creation order, the backward's hooks and prefetches, and the
     units holding unsharded parameters at each moment are the torch-free model's (`checks.models.autograd_order`)
     and the guide's tables; with it the root and all three blocks are unsharded at once, the peak is the guide's."""
-    from checks.guides.g06_backward_prefetch import _unit_counts
-
     sizes = {unit: 4 * numel for unit, numel in padded_sizes(ctx.world_size, element_bytes=4).items()}
     stated_peaks = {line.split()[0]: int(line.split()[1]) for line in peaks}
     observed: dict[str, Any] = {}
@@ -328,7 +308,7 @@ def prefetch_reorders_backward(ctx: RankContext, with_prefetch: list[str], witho
         require_equal(run["hooks"], sequence, reason="backward-order", what=what, **where)
         counts = []
         for moment, nbytes in run["points"]:
-            found = _unit_counts(nbytes, sizes)
+            found = unit_counts(nbytes, sizes)
             require(len(found) == 1, "not-whole-units", f"{label}: {nbytes} bytes at {moment} are not whole units",
                     moment=moment, nbytes=nbytes, **where)  # fmt: skip
             counts.append((moment, found.pop()))

@@ -5,18 +5,14 @@ Expected orders come from the guide's expect blocks and from the torch-free rule
 post-forward order the model's structure implies, never the order torch recorded. Sizes come from the
 flat-parameter model (`checks.workloads.gpt.padded_sizes`).
 
-A unit's backward *compute* is marked by a hook on each of its output tensors, registered by a forward hook on
-the FSDP module. FSDP's own pre-backward hook is registered on the same tensors inside ``FSDP.forward``
-(``_post_forward``), before the forward hook runs, and tensor hooks run in registration order: so the mark is
-taken right after FSDP's pre-backward hook and before autograd computes the unit's gradients.
+A unit's backward *compute* is marked by `checks.probes.compute_marks.ComputeMarks`: right after FSDP's
+pre-backward hook, before autograd computes the unit's gradients.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from itertools import combinations
 from typing import Any
 
 import torch
@@ -25,10 +21,11 @@ from torch.distributed.fsdp import BackwardPrefetch
 
 from checks.breakit.exercises import Exercise
 from checks.breakit.patches import returning, wrapping
-from checks.guides.g04_forward_prefetch import ReorderableGPT
 from checks.models.prefetch import backward_sequence, backward_sequence_of_uses, post_forward_record
+from checks.models.unit_counts import unit_counts
 from checks.naming import ROOT
-from checks.probes import EventLog, assert_sequence, clock, record_comm, record_events
+from checks.probes import EventLog, assert_sequence, record_comm, record_events
+from checks.probes.compute_marks import ComputeMarks
 from checks.probes.memory_series import record_memory_series
 from checks.ranks import tracing
 from checks.ranks.context import RankContext
@@ -36,6 +33,7 @@ from checks.ranks.symbols import code_objects
 from checks.violation import Violation, require, require_equal
 from checks.workloads import toy
 from checks.workloads.gpt import batch, fsdp1_gpt, padded_sizes, units
+from checks.workloads.reorderable import ReorderableGPT
 
 MODES: tuple[str | None, ...] = ("BACKWARD_PRE", "BACKWARD_POST", None)
 # Post-forward order implied by each workload's structure: the blocks (or the toy's children) in forward order, the
@@ -77,36 +75,6 @@ def recorded_post_forward(model: nn.Module) -> tuple[list[str], dict[str, int | 
     order = [names[id(handle)] for handle in eod.handles_post_forward_order]
     index = {names[id(handle)]: handle._post_forward_index for handle in eod.all_handles}
     return order, index
-
-
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, tuple | list):
-        for item in value:
-            yield from _tensors(item)
-
-
-class ComputeMarks:
-    """Clock ticks taken when each unit's backward computation starts (see the module docstring); ``on_mark``,
-    when set, is called with the unit's name at the same moment. Only the first mark per unit counts."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.seq: dict[str, int] = {}
-        self.on_mark: Callable[[str], None] | None = None
-        for name, unit in units(model).items():
-            unit.register_forward_hook(functools.partial(self._arm, name))
-
-    def _arm(self, name: str, module: nn.Module, args: Any, output: Any) -> None:
-        def fire(grad: torch.Tensor) -> None:
-            if name not in self.seq:
-                self.seq[name] = clock.tick()
-                if self.on_mark is not None:
-                    self.on_mark(name)
-
-        for tensor in _tensors(output):
-            if tensor.requires_grad:
-                tensor.register_hook(fire)
 
 
 @contextmanager
@@ -184,7 +152,7 @@ def backward_pre_prefetches(ctx: RankContext, stated: list[str]) -> dict[str, An
     block arrives prefetched, so only the root (still allocated from forward) is unsharded by its own hook."""
     expected = _stated_against_model(stated, POST_FORWARD["gpt"], "BACKWARD_PRE")
     model = _build(ctx, "gpt", "BACKWARD_PRE")
-    marks = ComputeMarks(model)
+    marks = ComputeMarks(units(model))
     loss = _loss(ctx, "gpt", model)
     with record_events(model) as events:
         loss.backward()
@@ -299,13 +267,6 @@ def _table(lines: list[str]) -> tuple[list[str], dict[str, dict[str, int]]]:
     return header, rows
 
 
-def _unit_counts(nbytes: int, sizes: dict[str, int]) -> set[int]:
-    """How many units' whole unsharded buffers add up to ``nbytes``, over every subset of units that does."""
-    names = list(sizes)
-    return {k for k in range(len(names) + 1) for subset in combinations(names, k) if sum(sizes[n] for n in subset)
-            == nbytes}  # fmt: skip
-
-
 def units_alive(ctx: RankContext, stated: list[str], peaks: list[str]) -> dict[str, Any]:
     """Unsharded units alive at each unit's backward compute start and after each post-backward hook, by mode: the
     bytes of the ``unsharded`` category over the layout model's padded unit sizes must be whole units, as many as
@@ -317,7 +278,7 @@ def units_alive(ctx: RankContext, stated: list[str], peaks: list[str]) -> dict[s
     series: dict[str, Any] = {}
     for mode in MODES:
         model = _build(ctx, "gpt", mode)
-        marks = ComputeMarks(model)
+        marks = ComputeMarks(units(model))
         x, y = batch(ctx)
         with record_memory_series(model) as recorder:
             marks.on_mark = lambda unit, recorder=recorder: recorder.mark(f"compute {unit}")
@@ -327,7 +288,7 @@ def units_alive(ctx: RankContext, stated: list[str], peaks: list[str]) -> dict[s
                   for m, b in recorder.series.points if not m.startswith("forward ")]  # fmt: skip
         counts = {}
         for moment, nbytes in points:
-            found = _unit_counts(nbytes, sizes)
+            found = unit_counts(nbytes, sizes)
             message = f"{label(mode)} at {moment}: {nbytes} unsharded bytes are not a whole number of units {sizes}"
             require(len(found) == 1, "not-whole-units", message, moment=moment, nbytes=nbytes, mode=label(mode))
             counts[moment] = found.pop()

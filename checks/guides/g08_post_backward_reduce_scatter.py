@@ -24,7 +24,8 @@ from checks.models import divide_factors
 from checks.models.flat_param import layout
 from checks.models.prefetch import backward_sequence
 from checks.naming import ROOT, clean
-from checks.probes import CommLog, EventLog, assert_sequence, record_comm, record_events
+from checks.probes import assert_sequence, record_comm, record_events
+from checks.probes.by_unit import collectives_by_unit
 from checks.ranks import tracing
 from checks.ranks.context import RankContext
 from checks.ranks.symbols import code_objects
@@ -33,6 +34,9 @@ from checks.workloads import toy
 from checks.workloads.gpt import (
     POST_FORWARD,
     batch,
+    ddp_gpt,
+    ddp_grads,
+    flat_grad_shards,
     fsdp1_gpt,
     fsdp2_gpt,
     grad_shards,
@@ -40,23 +44,8 @@ from checks.workloads.gpt import (
     post_backward_order,
     units,
 )
-from checks.workloads.toy import wrap_ddp
-from mini_gpt import GPT, preset
 
 _RU = "torch.distributed.fsdp._runtime_utils"
-
-
-def _ddp_gpt(ctx: RankContext, seed: int = 0) -> nn.Module:
-    return wrap_ddp(GPT(preset("tiny"), seed=seed).to(ctx.device), ctx)
-
-
-def _ddp_grads(ddp: nn.Module) -> dict[str, torch.Tensor]:
-    """DDP's averaged gradients by the unwrapped model's parameter names."""
-    return {name.removeprefix("module."): p.grad for name, p in ddp.named_parameters() if p.grad is not None}
-
-
-def _fsdp_shards(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {name: unit._handle.flat_param.grad.detach().cpu() for name, unit in units(model).items()}
 
 
 def _differences(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> dict[str, dict[str, Any]]:
@@ -79,11 +68,11 @@ def sharded_grad_is_ddp_slice(ctx: RankContext, steps: int = 1, bitwise: bool = 
     """After a backward on the same data, each unit's sharded flat gradient equals this rank's slice of DDP's
     averaged gradient, laid out by the flat-parameter model: bitwise (``bitwise``), or within ``rtol`` of the
     largest gradient magnitude of the unit."""
-    fsdp, ddp = fsdp1_gpt(ctx), _ddp_gpt(ctx)
+    fsdp, ddp = fsdp1_gpt(ctx), ddp_gpt(ctx)
     x, y = batch(ctx)
     fsdp(x, y)[1].backward()
     ddp(x, y)[1].backward()
-    diffs = _differences(_fsdp_shards(fsdp), grad_shards(_ddp_grads(ddp), ctx.world_size, ctx.rank))
+    diffs = _differences(flat_grad_shards(fsdp), grad_shards(ddp_grads(ddp), ctx.world_size, ctx.rank))
     for unit, d in diffs.items():
         what = f"rank {ctx.rank} {unit}: sharded gradient shape"
         require_equal(d["shape"], d["expected_shape"], reason="shard-shape", what=what, unit=unit)
@@ -108,29 +97,6 @@ def _relative(d: dict[str, Any]) -> float:
 
 
 # -- which unit a collective belongs to, and what a reduction did to the data --------------------------------------
-_ISSUER_KINDS = {"reduce_scatter": ("reduce_grad",), "all_gather": ("unshard", "prefetch")}
-
-
-def collectives_by_unit(comm: CommLog, events: EventLog, op: str, in_backward: bool | None = None) -> list[str]:
-    """Each recorded ``op`` (``reduce_scatter`` or ``all_gather``) as ``"<unit> <elements>"``. The unit is the one
-    FSDP was working on when the collective was issued, by the clock the two recorders share: for a
-    reduce-scatter the last ``reduce_grad`` event before it, for an all-gather the last unshard (its own unit) or
-    prefetch (its target) before it; ``?`` when no such event came first. Sizes alone cannot tell the three
-    blocks apart (16,020 elements each at N=2): this does. ``in_backward`` keeps only the collectives issued in
-    (True) or outside (False) backward."""
-    issuers = [e for e in events if e.kind in _ISSUER_KINDS[op]]
-    out = []
-    for c in comm.select(op):
-        if in_backward is not None and c.in_backward != in_backward:
-            continue
-        before = [e for e in issuers if e.seq < c.seq]
-        out.append(f"{_unit_served(before[-1]) if before else '?'} {c.numel}")
-    return out
-
-
-def _unit_served(event: Any) -> str:
-    """The unit an issuing event works for: a prefetch's target, otherwise the event's own unit."""
-    return (event.target or "?") if event.kind == "prefetch" else event.unit
 
 
 @dataclass
@@ -320,11 +286,11 @@ def accumulation_sums_shards(ctx: RankContext) -> dict[str, bool]:
         fsdp(x, y)[1].backward()
     summed: dict[str, torch.Tensor] = {}
     for x, y in batches:
-        ddp = _ddp_gpt(ctx)
+        ddp = ddp_gpt(ctx)
         ddp(x, y)[1].backward()
-        for unit, shard in grad_shards(_ddp_grads(ddp), ctx.world_size, ctx.rank).items():
+        for unit, shard in grad_shards(ddp_grads(ddp), ctx.world_size, ctx.rank).items():
             summed[unit] = summed[unit] + shard if unit in summed else shard
-    diffs = _differences(_fsdp_shards(fsdp), summed)
+    diffs = _differences(flat_grad_shards(fsdp), summed)
     for unit, d in diffs.items():
         message = f"rank {ctx.rank} {unit}: the accumulated gradient is not the sum (max |Δ| {d['max_abs_diff']})"
         require(d["bitwise"], "not-summed", message, unit=unit, **d)
@@ -393,7 +359,7 @@ def clip_grad_norm_matches_ddp(ctx: RankContext, api: str, max_norm: float, rtol
     ``rtol`` (the two sum the squares in different orders); it multiplies every gradient element on every rank by
     one factor, ``max_norm / (norm + 1e-6)``, the same on all ranks; and the clipped gradients are DDP's clipped
     ones within ``rtol`` of each parameter's largest."""
-    ddp = _ddp_gpt(ctx)
+    ddp = ddp_gpt(ctx)
     ddp(*batch(ctx))[1].backward()
     ddp_norm = float(torch.nn.utils.clip_grad_norm_(ddp.parameters(), max_norm))
     require(ddp_norm > max_norm, "nothing-clipped", f"DDP's norm {ddp_norm} is below {max_norm}: no clipping")

@@ -19,17 +19,20 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import ShardingStrategy
 from torch.distributed.fsdp import _runtime_utils as ru
 
-from checks.guides.g08_post_backward_reduce_scatter import _ddp_gpt, _ddp_grads, _fsdp_shards, collectives_by_unit
 from checks.models.flat_param import FlatParamSpec, Param, flat_param
 from checks.models.prefetch import backward_sequence
 from checks.naming import ROOT, clean
 from checks.probes import CommLog, EventLog, FsdpEvent, assert_sequence, capture, record_comm, record_events
+from checks.probes.by_unit import collectives_by_unit
 from checks.ranks.context import RankContext
 from checks.violation import require, require_equal
 from checks.workloads import toy
 from checks.workloads.gpt import (
     POST_FORWARD,
     batch,
+    ddp_gpt,
+    ddp_grads,
+    flat_grad_shards,
     fsdp1_gpt,
     grad_shards,
     padded_sizes,
@@ -313,7 +316,7 @@ SHORT = {"full-shard": "FULL_SHARD", "shard-grad-op": "SHARD_GRAD_OP", "ddp": "D
 
 def _strategy_model(ctx: RankContext, strategy: str) -> nn.Module:
     if strategy == "ddp":
-        return _ddp_gpt(ctx)
+        return ddp_gpt(ctx)
     return fsdp1_gpt(ctx, sharding_strategy=ShardingStrategy[SHORT[strategy]])
 
 
@@ -477,7 +480,7 @@ def frozen_parameter_gets_no_grad(
         if originals[frozen].grad is not None:
             grads_seen.append(f"after backward {step + 1}")
         if step == 0:
-            shards = _fsdp_shards(model)
+            shards = flat_grad_shards(model)
         optim.step()
         if originals[frozen].grad is not None:
             grads_seen.append(f"after step {step + 1}")
@@ -487,9 +490,9 @@ def frozen_parameter_gets_no_grad(
     with FSDP.summon_full_params(model, writeback=False):
         moved = sorted(n for n, p in originals.items() if not torch.equal(p, before[n]))
     require_equal(moved, sorted(set(before) - {frozen}), reason="frozen-moved", what="parameters the steps changed")
-    ddp = _ddp_gpt(ctx)
+    ddp = ddp_gpt(ctx)
     ddp(*batch(ctx, step=0))[1].backward()
-    want = grad_shards(_ddp_grads(ddp), ctx.world_size, ctx.rank)[unit]
+    want = grad_shards(ddp_grads(ddp), ctx.world_size, ctx.rank)[unit]
     require(torch.equal(shards[unit], want), "flat-grad-differs", f"rank {ctx.rank}: {unit}'s sharded flat gradient "
             "is not DDP's slice with nothing frozen")  # fmt: skip
     info = dict(zip([clean(f) for f in spec.fqns], spec.shard_param_infos(ctx.rank), strict=True))[frozen]

@@ -29,9 +29,17 @@ from checks.ranks import tracing
 from checks.ranks.context import RankContext
 from checks.ranks.symbols import code_objects
 from checks.violation import require, require_equal
-from checks.workloads.gpt import POST_FORWARD, batch, fsdp1_gpt, grad_shards, post_backward_order, unit_numels, units
+from checks.workloads.gpt import (
+    POST_FORWARD,
+    batch,
+    ddp_gpt,
+    fsdp1_gpt,
+    grad_shards,
+    post_backward_order,
+    unit_numels,
+    units,
+)
 from checks.workloads.groups import one_rank_group
-from checks.workloads.toy import wrap_ddp
 from mini_gpt import GPT, preset
 from mini_gpt.model import Block
 from mini_gpt.train import make_optimizer
@@ -350,10 +358,6 @@ def _hybrid_gpt(ctx: RankContext, groups: str) -> FSDP:
     raise ValueError(f"unknown groups {groups!r}")
 
 
-def _ddp_gpt(ctx: RankContext) -> nn.Module:
-    return wrap_ddp(GPT(preset("tiny"), seed=0).to(ctx.device), ctx)
-
-
 def _ddp_named(ddp: nn.Module, attribute: str) -> dict[str, torch.Tensor]:
     return {name.removeprefix("module."): getattr(p, attribute) for name, p in ddp.named_parameters()}
 
@@ -383,7 +387,7 @@ def hybrid_shard_averages_over_replicas(ctx: RankContext, groups: str = "default
     with record_comm() as comm:
         _, loss = model(x, y)
         loss.backward()
-    ddp = _ddp_gpt(ctx)
+    ddp = ddp_gpt(ctx)
     ddp(x, y)[1].backward()
     reference = _ddp_named(ddp, "grad")
     spans = sorted({(c.op, c.group_size) for c in comm if c.in_backward})
@@ -432,7 +436,7 @@ def hybrid_2x2_matches_ddp(ctx: RankContext, bound: float, grad_bound: float, st
     as this rank's shard of two), parameters and losses within ``bound``."""
     shard_pg, replicate_pg = _two_by_two(ctx)
     model = fsdp1_gpt(ctx, sharding_strategy=ShardingStrategy.HYBRID_SHARD, process_group=(shard_pg, replicate_pg))
-    ddp = _ddp_gpt(ctx)
+    ddp = ddp_gpt(ctx)
     optims = make_optimizer(model, LR), make_optimizer(ddp, LR)
     shard_ranks = tuple(sorted(dist.get_process_group_ranks(shard_pg)))
     replicate_ranks = tuple(sorted(dist.get_process_group_ranks(replicate_pg)))

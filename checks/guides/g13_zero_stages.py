@@ -9,189 +9,42 @@ and the tolerances from the guide's own prose.
 
 from __future__ import annotations
 
-import contextlib
-import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from functools import partial
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from checks.models.flat_param import layout
 from checks.models.zero_memory import (
     IMPLEMENTATIONS,
-    REFERENCE,
     Memory,
-    Param,
-    optimizer,
     owned_elements,
     per_rank,
 )
-from checks.naming import ROOT, clean
+from checks.naming import ROOT
 from checks.numerics import pairwise_sums
-from checks.probes.memory import account_memory, held_tensors, plain_tensors
+from checks.probes.memory import account_memory
 from checks.ranks.context import RankContext
 from checks.violation import require, require_equal
-from checks.workloads.gpt import batch, fsdp1_gpt, unit_of_parameter
+from checks.workloads.data_parallel import (
+    BLOCKS,
+    CATEGORIES,
+    LR,
+    Trained,
+    build,
+    gpt_replica,
+    held_bytes,
+)
+from checks.workloads.gpt import batch, fsdp1_gpt, parameters_of_tiny
 from checks.workloads.toy import wrap_ddp
-from checks.zero import STAGES
 from mini_gpt import GPT, preset
 from mini_gpt.train import make_optimizer
 
-LR = 1e-3
-BLOCKS = ("blocks.0", "blocks.1", "blocks.2")  # the tiny preset's units besides the root
-BF16 = torch.bfloat16
-FSDP1_STRATEGIES = {"no-shard": "NO_SHARD", "shard-grad-op": "SHARD_GRAD_OP", "full-shard": "FULL_SHARD"}
-CATEGORIES = ("params", "grads", "optim", "master")
-
-
 # -- the implementations, behind one small interface ------------------------------------------------------------
-@dataclass
-class Trained:
-    """One implementation of data-parallel training, ready to step: a model to call, and how to step it, read its
-    whole parameters and gradients (collectives where they are sharded), and list what it holds."""
-
-    name: str
-    model: nn.Module
-    optim: Any
-    step_fn: Callable[[], None]
-    zero_grad_fn: Callable[[], None]
-    params_fn: Callable[[], dict[str, torch.Tensor]]
-    grads_fn: Callable[[], dict[str, torch.Tensor]]
-    extra: Callable[[], Iterator[tuple[str, str, Any]]] = field(default=lambda: iter(()))
-    autocast: bool = False
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        with torch.autocast("cpu", dtype=BF16) if self.autocast else contextlib.nullcontext():
-            return self.model(x, y)
-
-
-def _gpt(ctx: RankContext, seed: int = 0) -> GPT:
-    return GPT(preset("tiny"), seed=seed).to(ctx.device)
-
-
-def _named(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {clean(n): p.detach().clone() for n, p in model.named_parameters()}
-
-
-def _named_grads(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {clean(n): p.grad.detach().clone() for n, p in model.named_parameters()}
-
-
-def optimizer_class(name: str) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
-    """The torch.optim class and keyword arguments of `checks.models.zero_memory.OPTIMIZERS` entry ``name``;
-    AdamW's are mini_gpt's (`mini_gpt.train.make_optimizer`), Adam's the same betas, no weight decay."""
-    spec = optimizer(name)
-    kwargs: dict[str, Any] = dict(spec.options)
-    if spec.torch_class in ("Adam", "AdamW"):
-        kwargs.update(betas=(0.9, 0.95), weight_decay=0.0)
-    return getattr(torch.optim, spec.torch_class), kwargs
-
-
-def make(name: str, params: Any, lr: float = LR) -> torch.optim.Optimizer:
-    cls, kwargs = optimizer_class(name)
-    return cls(params, lr=lr, **kwargs)
-
-
-def build(
-    impl: str,
-    ctx: RankContext,
-    precision: str = "fp32",
-    lr: float = LR,
-    *,
-    optim_name: str = "adamw",
-    use_orig_params: bool = True,
-) -> Trained:
-    """``impl`` from `checks.models.zero_memory.IMPLEMENTATIONS`, on mini_gpt tiny from seed 0, stepped by the
-    optimizer ``optim_name`` (`checks.models.zero_memory.OPTIMIZERS`; AdamW is mini_gpt's own);
-    ``use_orig_params`` for FSDP1's."""
-    mixed = precision == "bf16"
-    new_optimizer = partial(make, optim_name)
-    if impl in ("ddp", "torch-zero"):
-        ddp = wrap_ddp(_gpt(ctx), ctx)
-        if impl == "ddp":
-            optim = new_optimizer(ddp.parameters(), lr)
-        else:
-            from torch.distributed.optim import ZeroRedundancyOptimizer
-
-            cls, kwargs = optimizer_class(optim_name)
-            optim = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=cls, lr=lr, **kwargs)
-        return Trained(impl, ddp, optim, optim.step, partial(optim.zero_grad, set_to_none=True),
-                       partial(_named, ddp.module), partial(_named_grads, ddp.module), autocast=mixed)  # fmt: skip
-    if impl in REFERENCE:
-        options = {"prefetch": True} if impl == "zero3-prefetch" else {}
-        engine = STAGES[REFERENCE[impl]](_gpt(ctx), BLOCKS, make_optimizer=partial(make, optim_name, lr=lr),
-                                         param_dtype=BF16 if mixed else None, **options)  # fmt: skip
-        return Trained(impl, engine.model, engine.optim, engine.step, engine.zero_grad, engine.full_params,
-                       engine.full_grads, engine.held)  # fmt: skip
-    if impl in FSDP1_STRATEGIES:
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # NO_SHARD's deprecation (guide 09)
-            model = fsdp1_gpt(ctx, sharding_strategy=ShardingStrategy[FSDP1_STRATEGIES[impl]],
-                              mixed_precision=MixedPrecision(param_dtype=BF16) if mixed else None,
-                              use_orig_params=use_orig_params)  # fmt: skip
-        optim = new_optimizer(model.parameters(), lr)
-
-        def full(grads: bool) -> dict[str, torch.Tensor]:
-            with FSDP.summon_full_params(model, writeback=False, with_grads=grads):
-                return (_named_grads if grads else _named)(model)
-
-        return Trained(impl, model, optim, optim.step, partial(optim.zero_grad, set_to_none=True),
-                       partial(full, False), partial(full, True))  # fmt: skip
-    if impl == "fsdp2":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        model = _gpt(ctx)
-        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
-        policy = MixedPrecisionPolicy(param_dtype=BF16) if mixed else MixedPrecisionPolicy()
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh, mp_policy=policy)
-        fully_shard(model, mesh=mesh, mp_policy=policy)
-        optim = new_optimizer(model.parameters(), lr)
-
-        def gathered(grads: bool) -> dict[str, torch.Tensor]:
-            out = {}
-            for name, p in model.named_parameters():
-                t = p.grad if grads else p
-                out[clean(name)] = t.detach().full_tensor().clone()
-            return out
-
-        return Trained(impl, model, optim, optim.step, partial(optim.zero_grad, set_to_none=True),
-                       partial(gathered, False), partial(gathered, True))  # fmt: skip
-    raise ValueError(f"unknown implementation {impl!r}")
-
-
-def parameters_of_tiny() -> list[Param]:
-    """mini_gpt tiny's parameters in registration order (a tied weight once), with their unit and shape: the input
-    of the memory model. Built on the meta device."""
-    with torch.device("meta"):
-        model = GPT(preset("tiny"))
-    return [Param(unit_of_parameter(n, BLOCKS), n, tuple(p.shape)) for n, p in model.named_parameters()]
 
 
 # -- memory: distinct live storages by category -----------------------------------------------------------------
-def held_bytes(trained: Trained) -> dict[str, int]:
-    """Bytes per category on this rank, counting each storage once, in the first category that reaches it: the
-    implementation's own tensors first (the reference's shards and masters, which `checks.probes.memory` cannot
-    see), then what the probe walks (FSDP's flat parameters, the model's parameters and gradients, optimizer
-    state). A freed storage counts 0 bytes."""
-    seen: set[int] = set()
-    out = dict.fromkeys((*CATEGORIES, "unsharded", "buffers"), 0)
-    for category, _label, value in (*trained.extra(), *held_tensors(trained.model, trained.optim)):
-        for tensor in plain_tensors(value):
-            storage = tensor.untyped_storage()
-            if storage._cdata in seen:
-                continue
-            seen.add(storage._cdata)
-            out[category] += storage.nbytes()
-    return out
 
 
 def _one_step(trained: Trained, ctx: RankContext, step: int = 0) -> torch.Tensor:
@@ -284,7 +137,7 @@ def _trajectory(trained: Trained, ctx: RankContext, steps: int) -> dict[str, Any
 def _local_grads(ctx: RankContext, names: list[str]) -> list[torch.Tensor]:
     """Every rank's local gradient of step 1 (an unwrapped replica on the rank's own batch), flattened in
     ``names`` order, gathered."""
-    replica = _gpt(ctx)
+    replica = gpt_replica(ctx)
     _, loss = replica(*batch(ctx, step=0))
     loss.backward()
     grads = dict(replica.named_parameters())
@@ -425,7 +278,7 @@ def shard_grad_op_peak(ctx: RankContext, backward_prefetch: str | None, held_blo
 # -- DDP against one process: the seeds' 1e-5 on logits, and the logit scale ------------------------------------------
 def _scaled_gpt(ctx: RankContext, scale: float) -> GPT:
     """mini_gpt tiny with its tied embedding / head matrix multiplied by ``scale``: the logits scale with it."""
-    model = _gpt(ctx)
+    model = gpt_replica(ctx)
     with torch.no_grad():
         model.tok_emb.weight.mul_(scale)
     return model

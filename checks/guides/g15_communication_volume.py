@@ -26,7 +26,7 @@ from checks.naming import ROOT
 from checks.probes.comm import CommLog, record_comm
 from checks.ranks.context import RankContext
 from checks.violation import Violation, require, require_equal
-from checks.workloads.gpt import batch, fsdp1_gpt, unit_of_parameter
+from checks.workloads.gpt import batch, fsdp1_gpt, tiny_shapes
 from checks.workloads.toy import DEFAULT_UNITS, toy_batch, toy_model, train_step, wrap_ddp, wrap_fsdp1, wrap_fsdp2
 from mini_gpt import GPT, preset
 
@@ -35,14 +35,6 @@ BLOCKS = ("blocks.0", "blocks.1", "blocks.2")
 
 
 # -- the parameter shapes the model is fed, built without torch's wrappers -----------------------------------------
-def tiny_shapes() -> dict[str, list[tuple[int, ...]]]:
-    """mini_gpt tiny's parameter shapes per unit (root first, registration order, a tied weight once); meta device."""
-    with torch.device("meta"):
-        model = GPT(preset("tiny"))
-    shapes: dict[str, list[tuple[int, ...]]] = {ROOT: [], **{b: [] for b in BLOCKS}}
-    for name, param in model.named_parameters():
-        shapes[unit_of_parameter(name, shapes)].append(tuple(param.shape))
-    return shapes
 
 
 def toy_shapes() -> dict[str, list[tuple[int, ...]]]:

@@ -420,7 +420,7 @@ def order_of_this_step(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from checks.guides.g04_forward_prefetch import ReorderableGPT
+    from checks.workloads.reorderable import ReorderableGPT
 
     want = {line.split()[0]: line.split()[1:] for line in stated}
     out: dict[str, Any] = {}

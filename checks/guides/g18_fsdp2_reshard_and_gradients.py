@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from checks.guides.g15_communication_volume import tiny_shapes
 from checks.models import comm_volume as cv
 from checks.models import fsdp2_precision, fsdp2_reshard
 from checks.models.divide_factors import fsdp2_factors
@@ -31,7 +30,7 @@ from checks.probes import account_memory, record_comm, snapshot
 from checks.ranks import tracing
 from checks.ranks.context import RankContext
 from checks.violation import require, require_equal
-from checks.workloads.gpt import batch, fsdp1_gpt, fsdp2_gpt
+from checks.workloads.gpt import batch, ddp_gpt, fsdp1_gpt, fsdp2_gpt, tiny_shapes
 from checks.workloads.toy import wrap_ddp
 from mini_gpt import GPT, preset
 
@@ -258,8 +257,6 @@ def int_at_four(ctx: RankContext, stated: list[str]) -> dict[str, Any]:
 
 
 # -- gradients ----------------------------------------------------------------------------------------------------
-def _ddp_gpt(ctx: RankContext) -> nn.Module:
-    return wrap_ddp(GPT(preset("tiny"), seed=0).to(ctx.device), ctx)
 
 
 def _by_name(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -298,7 +295,7 @@ def _check_factors(seen: list[tuple[Any, ...]], want: tuple[Any, ...], case: str
 def grads_are_ddp_slice(ctx: RankContext) -> dict[str, Any]:
     """fp32, the default: every reduction takes ``AVG`` with no divide factor (the model's), four fp32
     reduce-scatters, and each rank's sharded gradients are bitwise its rows of DDP's averaged gradients."""
-    fsdp, ddp = fsdp2_gpt(ctx), _ddp_gpt(ctx)
+    fsdp, ddp = fsdp2_gpt(ctx), ddp_gpt(ctx)
     x, y = batch(ctx)
     loss = fsdp(x, y)[1]
     with divide_factors_seen() as seen, record_comm() as comm:
@@ -363,7 +360,7 @@ def sum_paths(ctx: RankContext, release: str) -> dict[str, Any]:
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 
     out: dict[str, Any] = {}
-    ddp = _ddp_gpt(ctx)
+    ddp = ddp_gpt(ctx)
     x, y = batch(ctx)
     ddp(x, y)[1].backward()
     forced = fsdp2_gpt(ctx)
@@ -534,7 +531,7 @@ def accumulate_without_sync(ctx: RankContext) -> dict[str, Any]:
     gradient yet); the second reduce-scatters four times, and the sharded gradients are bitwise DDP's slices of
     the same two micro-batches under ``no_sync``. Under bf16 compute with fp32 reduction the waiting gradient is
     the model's dtype: fp32."""
-    fsdp, ddp = fsdp2_gpt(ctx), _ddp_gpt(ctx)
+    fsdp, ddp = fsdp2_gpt(ctx), ddp_gpt(ctx)
     micro = [batch(ctx, step=0), batch(ctx, step=1)]
     fsdp.set_requires_gradient_sync(False)
     loss = fsdp(*micro[0])[1]
@@ -580,7 +577,7 @@ def _twice_models(ctx: RankContext, setting: bool | None) -> tuple[nn.Module, nn
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from checks.guides.g04_forward_prefetch import ReorderableGPT
+    from checks.workloads.reorderable import ReorderableGPT
 
     models = []
     for _ in range(2):
@@ -639,7 +636,7 @@ def five_adamw_steps(ctx: RankContext, steps: int = 5) -> dict[str, Any]:
     batches: every loss, and every parameter after the last step, bitwise the same in all three."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    models = {"fsdp2": fsdp2_gpt(ctx), "fsdp1": fsdp1_gpt(ctx), "ddp": _ddp_gpt(ctx)}
+    models = {"fsdp2": fsdp2_gpt(ctx), "fsdp1": fsdp1_gpt(ctx), "ddp": ddp_gpt(ctx)}
     optims = {k: torch.optim.AdamW(m.parameters(), lr=1e-2) for k, m in models.items()}
     losses: dict[str, list[float]] = {k: [] for k in models}
     for step in range(steps):

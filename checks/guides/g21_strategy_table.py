@@ -26,7 +26,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from checks.guides.g13_zero_stages import CATEGORIES, Trained, build, held_bytes, parameters_of_tiny
 from checks.models import pipeline as pl
 from checks.models import tensor_parallel as tpm
 from checks.models.comm_volume import fsdp2_padded, sharded_step
@@ -37,7 +36,8 @@ from checks.probes.comm import CommLog, record_comm
 from checks.probes.stages import actions, held_at_most, record_stage_actions
 from checks.ranks.context import RankContext
 from checks.violation import Violation, require, require_equal
-from checks.workloads.gpt import batch
+from checks.workloads.data_parallel import CATEGORIES, Trained, build, held_bytes
+from checks.workloads.gpt import batch, parameters_of_tiny
 
 # -- data-parallel rows: DDP, ZeRO-1, ZeRO-2, ZeRO-3 / FSDP ---------------------------------------------------------
 # The cost model's name for each implementation guide 13 builds (its FSDP2 keeps the default reshard_after_forward).

@@ -23,7 +23,6 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from checks.guides.g06_backward_prefetch import HOOK_KINDS, recorded_post_forward
-from checks.guides.g13_zero_stages import make
 from checks.guides.g20_auto_wrap import fsdp1_units, torch_policy
 from checks.inspect import loading
 from checks.inspect.predict import DDP, FSDP1, FSDP2, REFERENCE, group_paths, modes, relative_name
@@ -34,6 +33,7 @@ from checks.probes.grad_ready import ready_order, record_grad_ready
 from checks.probes.memory import snapshot
 from checks.probes.memory_series import record_memory_series
 from checks.ranks.context import RankContext
+from checks.workloads.data_parallel import make
 
 LR = 1e-3
 
@@ -192,13 +192,13 @@ class _Engine:
 def _reference(ctx: RankContext, spec: str, build: Callable[[], Any], make_batch: Callable[[], Any], *,
                wrap: dict[str, Any] | None, strategy: str, optimizer: str) -> dict[str, Any]:  # fmt: skip
     """A reference ZeRO stage on the user's model, its groups the policy's units (`checks.inspect.predict`):
-    its groups and their flat layout, the bytes it holds (its own shards included, `g13.held_bytes`), a steady
+    its groups and their flat layout, the bytes it holds (its own shards included, `data_parallel.held_bytes`), a steady
     step's collectives and its gradients against DDP's."""
     from functools import partial
 
-    from checks.guides.g13_zero_stages import Trained, held_bytes
     from checks.guides.g20_auto_wrap import model_policy
     from checks.models import wrap as wm
+    from checks.workloads.data_parallel import Trained, held_bytes
     from checks.zero import STAGES
 
     def engine() -> Any:
@@ -228,7 +228,7 @@ def _optimizer(strategy: str, name: str, wrapped: nn.Module) -> torch.optim.Opti
         return make(name, wrapped.parameters(), LR)
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    from checks.guides.g13_zero_stages import optimizer_class
+    from checks.workloads.data_parallel import optimizer_class
 
     cls, kwargs = optimizer_class(name)
     return ZeroRedundancyOptimizer(wrapped.parameters(), optimizer_class=cls, lr=LR, **kwargs)

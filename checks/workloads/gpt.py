@@ -13,8 +13,10 @@ from typing import Any
 import torch
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
+from checks.models.zero_memory import Param
 from checks.naming import ROOT, unit_name
 from checks.ranks.context import RankContext
+from checks.workloads.toy import wrap_ddp
 from mini_gpt import GPT, BatchSampler, corpus_tokens, preset
 
 
@@ -103,7 +105,8 @@ def padded_sizes(world_size: int, element_bytes: int, preset_name: str = "tiny")
 
 
 # Post-forward order of the tiny wrap: the blocks in forward order, the root (whose forward ends last) last.
-POST_FORWARD = ("blocks.0", "blocks.1", "blocks.2", ROOT)
+BLOCKS = ("blocks.0", "blocks.1", "blocks.2")  # the tiny preset's units besides the root
+POST_FORWARD = (*BLOCKS, ROOT)
 
 
 def post_backward_order(post_forward: tuple[str, ...] = POST_FORWARD) -> list[str]:
@@ -128,3 +131,36 @@ def grad_shards(grads: dict[str, torch.Tensor], world_size: int, rank: int) -> d
         lo, hi = flat.shard_range(rank)
         shards[unit] = full[lo:hi]
     return shards
+
+
+def ddp_gpt(ctx: RankContext, seed: int = 0) -> torch.nn.Module:
+    """mini_gpt tiny from ``seed`` under DDP: the replica whose averaged gradients FSDP's are compared against."""
+    return wrap_ddp(GPT(preset("tiny"), seed=seed).to(ctx.device), ctx)
+
+
+def ddp_grads(ddp: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """DDP's averaged gradients by the unwrapped model's parameter names."""
+    return {name.removeprefix("module."): p.grad for name, p in ddp.named_parameters() if p.grad is not None}
+
+
+def flat_grad_shards(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Each FSDP1 unit's sharded flat gradient on this rank, on the CPU."""
+    return {name: unit._handle.flat_param.grad.detach().cpu() for name, unit in units(model).items()}
+
+
+def parameters_of_tiny() -> list[Param]:
+    """mini_gpt tiny's parameters in registration order (a tied weight once), with their unit and shape: the input
+    of the memory model. Built on the meta device."""
+    with torch.device("meta"):
+        model = GPT(preset("tiny"))
+    return [Param(unit_of_parameter(n, BLOCKS), n, tuple(p.shape)) for n, p in model.named_parameters()]
+
+
+def tiny_shapes() -> dict[str, list[tuple[int, ...]]]:
+    """mini_gpt tiny's parameter shapes per unit (root first, registration order, a tied weight once); meta device."""
+    with torch.device("meta"):
+        model = GPT(preset("tiny"))
+    shapes: dict[str, list[tuple[int, ...]]] = {ROOT: [], **{b: [] for b in BLOCKS}}
+    for name, param in model.named_parameters():
+        shapes[unit_of_parameter(name, shapes)].append(tuple(param.shape))
+    return shapes

@@ -35,7 +35,7 @@ GB = 10**9
 @pytest.fixture(scope="module")
 def tiny() -> tuple[Param, ...]:
     """Guide 13's own input: mini_gpt tiny's parameters with their units, built on meta."""
-    from checks.guides.g13_zero_stages import parameters_of_tiny
+    from checks.workloads.gpt import parameters_of_tiny
 
     return tuple(parameters_of_tiny())
 

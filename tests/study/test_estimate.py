@@ -195,7 +195,7 @@ def test_units_match_per_dotted_component() -> None:
 
 
 def test_mini_gpt_is_wrapped_as_guide_13_wraps_it() -> None:
-    from checks.guides.g13_zero_stages import parameters_of_tiny
+    from checks.workloads.gpt import parameters_of_tiny
 
     assert estimate_command.load_module("mini_gpt:tiny", None).params == tuple(parameters_of_tiny())
 
