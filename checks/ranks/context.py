@@ -56,9 +56,9 @@ class RankContext:
         try:
             value, found = fn(*args), None
         except Violation as violation:
-            value, found = None, (violation.reason, str(violation), violation.details)
+            value, found = None, (violation.reason, str(violation), violation.details, violation.expect_rows)
         failed = [(rank, v) for rank, v in enumerate(self.gather(found)) if v is not None]
         if failed:
-            rank, (reason, message, details) = failed[0]
-            raise Violation(reason, f"rank {rank}: {message}", failed_rank=rank, **details)
+            rank, (reason, message, details, rows) = failed[0]
+            raise Violation(reason, f"rank {rank}: {message}", expect_rows=rows, failed_rank=rank, **details)
         return value

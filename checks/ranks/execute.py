@@ -108,6 +108,7 @@ def _failed(rank: int, exc: BaseException, prefix: str = "") -> RankResult:
         message=str(exc),
         reason=exc.reason if isinstance(exc, Violation) and not prefix else None,
         details=_plain(details) if details else None,
+        expect_rows=tuple(exc.expect_rows) if isinstance(exc, Violation) and not prefix else (),
     )
 
 

@@ -55,6 +55,7 @@ class RankResult:
     message: str | None = None  # str() of that exception
     reason: str | None = None  # a `checks.violation.Violation`'s stable reason: the check's own finding
     details: dict[str, Any] | None = None  # the values that Violation compared (plain data)
+    expect_rows: tuple[dict[str, Any], ...] = ()  # that Violation's expect rows ({"block", "line", "key"} each)
     executed: frozenset[str] = frozenset()
     duration: float = 0.0
     signal: str | None = None  # e.g. "SIGSEGV" when the rank died of a signal
@@ -92,6 +93,11 @@ class CheckRun:
     def details(self) -> dict[str, Any]:
         """The details of that `Violation` (empty when there is none)."""
         return next((r.details or {} for r in self.failed if r.reason is not None), {})
+
+    @property
+    def expect_rows(self) -> tuple[dict[str, Any], ...]:
+        """The guide rows that Violation names as now false (`checks.expected.Expected.fail`); empty when none."""
+        return next((r.expect_rows for r in self.failed if r.reason is not None), ())
 
     @property
     def error_types(self) -> set[str]:

@@ -10,6 +10,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from checks.breakit.exercises import exercise_modules
 from reader.claims.progress import Progress, ProgressError, Section
 from reader.claims.verdict import ClaimVerdict, failure_summary
 from reader.format.guide import Guide
@@ -305,7 +306,7 @@ def run_list(args: argparse.Namespace, console: Console) -> int:
     checks = CheckFinder(extra_paths=[args.readings.resolve().parent])
     rows = []
     for guide in sorted(session.guides, key=lambda g: (g.order, g.id)):
-        modules = {claim.check.split(":")[0] for claim in guide.claims}
+        modules = exercise_modules(claim.check.split(":")[0] for claim in guide.claims)
         statuses = (
             ("anchors", _anchor_status(session.workspace, guide)),
             ("claims", _claim_status(guide, progress, torch)),

@@ -17,6 +17,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from reader.format.body import BodyContext, Fence, register_body_parser
 from reader.format.errors import Problems, anchor_fix, did_you_mean
+from reader.format.expect_rows import SHAPES, expected_rows
 from reader.format.guide import ExpectBlock, Guide, Note, Region, SourceBlock, block_reference
 from reader.source.patterns import PatternError, pattern_tokens
 
@@ -80,19 +81,23 @@ def source_blocks(fences: Sequence[Fence], context: BodyContext) -> Iterator[Sou
 
 
 def expect_blocks(fences: Sequence[Fence], context: BodyContext) -> Iterator[ExpectBlock]:
-    """```` ```expect <name> ```` fences: one expected item per non-blank line, handed to claims that ask."""
+    """```` ```expect <name> <shape> ```` fences: rows of a shape (`reader.format.expect_rows`), handed to the
+    claims that ask as one `checks.expected.Expected`."""
     seen: dict[str, tuple[int, SpecifierSet | None]] = {}
     for fence in fences:
         start = fence.start
+        shape = fence.args[1] if len(fence.args) > 1 and fence.args[1] in SHAPES else None
+        named = replace(fence, args=(fence.args[0], *fence.args[2:])) if shape else fence
         try:
-            found = _fence_scope(fence, context, "```expect <name> [torch >=2.15]")
+            found = _fence_scope(named, context, "```expect <name> <shape> [torch >=2.15]")
         except _BadScope:
             continue
         if found is None:
             context.problem(
                 start,
-                f"an expect block has one name, got `{fence.info}`",
-                "write ```expect <name>, or ```expect <name> [torch >=2.15] for what only some releases do",
+                f"an expect block has a name and a shape, got `{fence.info}`",
+                f"write ```expect <name> <shape>, the shape one of {', '.join(SHAPES)}; add [torch >=2.15] "
+                "for what only some releases do",
             )
             continue
         name, versions = found
@@ -106,8 +111,9 @@ def expect_blocks(fences: Sequence[Fence], context: BodyContext) -> Iterator[Exp
         seen.setdefault(name, (start, versions))
         items = tuple(line.strip() for line in fence.content.split("\n") if line.strip())
         if not items:
-            context.problem(start, f"expect block `{name}` is empty", "write one expected item per line")
-        yield ExpectBlock(name, items, start, fence.end, versions)
+            context.problem(start, f"expect block `{name}` is empty", "write one expected row per line")
+        expected = expected_rows(name, shape, fence, context) if shape and items else None
+        yield ExpectBlock(name, items, start, fence.end, versions, shape, expected)
 
 
 def check_block_references(guide: Guide, regions: Sequence[Region], problems: Problems) -> None:

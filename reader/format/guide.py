@@ -16,6 +16,8 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from checks.expected import Expected
+
 
 def version_admitted(spec: SpecifierSet, torch_version: str | None) -> bool:
     """Whether ``spec`` admits this torch (pre-releases and nightlies included; an unknown or unparseable version
@@ -161,6 +163,8 @@ class ExpectBlock:
     start: int
     end: int
     torch: SpecifierSet | None = None  # ```expect <name> [torch >=2.15]: what a claim expects on these releases
+    shape: str | None = None  # ```expect <name> <shape>: lines, pairs, mapping or table
+    expected: Expected | None = field(default=None, compare=False)  # the typed rows a claim's check receives
 
     def applies_to(self, torch_version: str | None) -> bool:
         return self.torch is None or version_admitted(self.torch, torch_version)
@@ -240,7 +244,11 @@ class Guide:
                     f"has no version for torch {self.read_on}: scope the claim (`torch = ...`) to the releases "
                     "the block holds for, or write the block for this torch too"
                 )
-            resolved[key] = list(blocks[name].items) if name is not None else value
+            if name is None:
+                resolved[key] = value
+            else:
+                block = blocks[name]
+                resolved[key] = block.expected if block.expected is not None else list(block.items)
         return resolved
 
     def on(self, torch_version: str | None) -> Guide:

@@ -7,7 +7,7 @@ the caller prints to whatever console it has (pytest's terminal writer, or stdou
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,13 +106,16 @@ class ExpectPointer:
         return {"block": self.block, "line": self.line, "rows": [{"line": r.line, "text": r.text} for r in self.rows]}
 
 
-def expect_pointer(guide: Guide, claim: ClaimSpec, details: Mapping[str, Any]) -> ExpectPointer | None:
+def expect_pointer(
+    guide: Guide, claim: ClaimSpec, recorded: Sequence[Mapping[str, Any]], failed: bool = True
+) -> ExpectPointer | None:
     """Where in the guide a failed claim's expected values are written, if they come from an expect block
-    (``kwargs = { stated = { expect = "precision" } }``) and its check said why (a `Violation` with details).
-    A row is named when a detail's value is one of its words and of no other row's (``policy="bf16/None"``).
-    ``guide`` is read on the torch the claim ran on (`Guide.on`), so the block is the one that torch reads."""
+    (``kwargs = { expected = { expect = "precision" } }``): the rows its `Violation` recorded as now false
+    (``recorded``: `checks.expected.Expected.fail` puts ``{"block", "line", "key"}`` there, the line the parser
+    read), else the block's fence. ``guide`` is read on the torch the claim ran on (`Guide.on`), so the block is
+    the one that torch reads; a recorded line that is not a row of it is not named."""
     names = [name for value in claim.kwargs.values() if (name := block_reference(value)) is not None]
-    if not names or not details:
+    if not names or not failed:
         return None
     try:
         blocks = guide.expect_blocks(guide.read_on)
@@ -124,15 +127,10 @@ def expect_pointer(guide: Guide, claim: ClaimSpec, details: Mapping[str, Any]) -
         block = blocks.get(name)
         if block is None:
             continue
-        rows = [ExpectRow(n, lines[n - 1].strip()) for n in range(block.start + 1, block.end) if lines[n - 1].strip()]
-        named: list[ExpectRow] = []
-        for value in details.values():
-            if isinstance(value, bool) or not isinstance(value, str | int):
-                continue
-            hits = [row for row in rows if str(value) in row.text.split()]
-            if len(hits) == 1 and hits[0] not in named:
-                named.append(hits[0])
-        pointers.append(ExpectPointer(name, block.start, tuple(sorted(named, key=lambda r: r.line))))
+        rows = {row.line for row in block.expected} if block.expected is not None else set()
+        named = sorted({r["line"] for r in recorded if r.get("block") == name and r.get("line") in rows})
+        found = tuple(ExpectRow(n, lines[n - 1].strip()) for n in named)
+        pointers.append(ExpectPointer(name, block.start, found))
     return max(pointers, key=lambda p: len(p.rows), default=None)  # the block whose rows it names, if any
 
 

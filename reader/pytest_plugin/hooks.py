@@ -262,7 +262,9 @@ def _locate(reader: ReaderSession, guide: Guide, item: ClaimItem, claim: ClaimRo
         claim.ran = False
         claim.blocked = bool(workspace.resolutions(guide)[1])
         return
-    claim.expect = expect_pointer(guide.on(workspace.torch_version), item.claim, run.details)
+    claim.expect = expect_pointer(
+        guide.on(workspace.torch_version), item.claim, run.expect_rows, run.reason is not None
+    )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

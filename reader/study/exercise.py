@@ -42,13 +42,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    from checks.breakit.exercises import exercises_of  # imports the guide's check module (and torch)
+    from checks.breakit.exercises import exercise_modules, exercises_of  # exercises_of imports torch
 
     opened = one_guide(args, console)
     if isinstance(opened, int):
         return opened
     session, guide = opened
-    modules = sorted({claim.check.split(":")[0] for claim in guide.claims})
+    modules = exercise_modules(claim.check.split(":")[0] for claim in guide.claims)
     available = [exercise for module in modules for exercise in exercises_of(module)]
     known = [e.id for e in available]
     unknown = [e for e in args.exercises if e not in known]

@@ -30,6 +30,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from checks.breakit.exercises import exercise_modules
 from reader.format.guide import ClaimSpec, ExpectBlock, Guide, Prose, SourceBlock, block_reference
 from reader.format.predict import PredictQuestion
 from reader.gate.workspace import Workspace
@@ -152,7 +153,7 @@ def exercises_by_claim(guide: Guide) -> dict[str, list[str]]:
     """Claim id → the ids of the exercises whose patch breaks it, read from the guide's check modules."""
     finder = CheckFinder(extra_paths=[guide.path.resolve().parent.parent])
     found: dict[str, list[str]] = {}
-    for module in sorted({claim.check.split(":")[0] for claim in guide.claims}):
+    for module in exercise_modules(claim.check.split(":")[0] for claim in guide.claims):
         for exercise, claim in finder.exercises(module):
             found.setdefault(claim, []).append(exercise)
     return found

@@ -48,6 +48,12 @@ def guides() -> dict[str, Guide]:
 BreakRunner = Callable[..., CheckRun]
 
 
+def named_rows(run: CheckRun) -> list[tuple[str, str]]:
+    """(expect block, row key) of each guide row the failed check recorded as now false
+    (`checks.expected.Expected.fail`): what the gate's report points a reviewer at."""
+    return [(row["block"], row["key"]) for row in run.expect_rows]
+
+
 @pytest.fixture
 def broken(pool: PoolManager, request: pytest.FixtureRequest) -> BreakRunner:
     """``broken(*patches, **kwarg_overrides)`` runs the claim named by the test's ``breaks`` marker with the
