@@ -1,7 +1,7 @@
 """Cost of the probes on a real step: FSDP1 over mini_gpt's tiny preset on 2 ranks, with each probe alone, all
 three (`record_step`'s default), and the opt-in memory peaks alone and with the others. pytest-benchmark groups
 them in "probe-overhead" and times each request; the ratio a regression shows in is in ``extra_info``, measured
-inside the rank (`checks.probes.selftest.mini_gpt_overhead`): bare and probed steps interleaved on the same model,
+inside the rank (`tests.probes.on_ranks.mini_gpt_overhead`): bare and probed steps interleaved on the same model,
 best round of each, so a busy machine slows both sides alike.
 
 - ``ratio_to_bare``: rank 0's wall seconds per probed step over its bare ones (``seconds_per_step_rank0``,
@@ -18,9 +18,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from checks.probes.selftest import PROBES
 from checks.ranks.manager import PoolManager
 from checks.ranks.protocol import CheckRequest
+from tests.probes.on_ranks import PROBES
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def warm_pool() -> Iterator[PoolManager]:
 @pytest.mark.benchmark(group="probe-overhead")
 @pytest.mark.parametrize("probe", PROBES)
 def test_probe_overhead(benchmark, warm_pool: PoolManager, probe: str) -> None:
-    request = CheckRequest("checks.probes.selftest:mini_gpt_overhead", kwargs={"probe": probe}, world_size=2)
+    request = CheckRequest("tests.probes.on_ranks:mini_gpt_overhead", kwargs={"probe": probe}, world_size=2)
     rounds: list[dict[str, float]] = []
 
     def measure() -> None:

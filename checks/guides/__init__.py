@@ -3,4 +3,6 @@ the break-it recipes that bend what those claims assert (``tests/break_it/test_N
 
 A claim function is SPMD code: ``fn(ctx: RankContext, **kwargs)`` runs on every rank, raises a
 `checks.violation.Violation` when its claim does not hold, and returns plain data (the observed value).
+
+May import: breakit, models, probes, ranks, ring, workloads, zero.
 """

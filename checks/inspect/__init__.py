@@ -6,4 +6,10 @@
 - `predict`: what the torch-free models say one FSDP1 step does (torch-free);
 - `measure`: the same step run on the rank pool, measured by the probes (rank side);
 - `compare`: prediction against measurement, section by section.
+- `examples`: factories to point ``inspect`` at (mini_gpt, nn.Transformer, GPT-2, ResNet-18) and their batches.
+
+It runs the guides' own measurements (a unit's recorded post-forward order, its flat layout, DDP's buckets) on
+the user's model, so it sits above the guides.
+
+May import: guides, models, probes, ranks, workloads, zero.
 """

@@ -1,4 +1,5 @@
-"""What each torch collective operator means: its kind, its full payload, and the ring model's bytes per rank.
+"""What each torch collective operator means: its kind, its full payload, and the ring model's bytes per rank;
+and `Collective`, the record of one collective a rank issued (`checks.probes.comm` records them).
 
 Every Python collective API (``dist.all_gather_single``, the deprecated ``all_gather_into_tensor``, the private
 ``_all_gather_base``, the list ``all_gather``, coalesced variants, object collectives) and every C++ caller
@@ -173,3 +174,45 @@ def payload(name: str, bound: dict[str, Any]) -> Payload:
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective as this rank issued it. Plain data: returnable from a rank, comparable across ranks
+    through `key` (which leaves out the rank and the sequence number)."""
+
+    index: int  # position in this recording, from 1
+    op: str  # all_reduce | all_gather | reduce_scatter | broadcast | reduce | all_to_all | gather | scatter | ...
+    torch_op: str  # dispatcher operator, e.g. "c10d::_allgather_base_"
+    api: str  # Python API the caller used ("all_gather_single", "funcol.all_reduce"), or "<C++>"
+    caller: str  # nearest frame outside the plumbing, "module:qualname"
+    dtype: str  # "torch.float32", "mixed", or "" for a barrier
+    numel: int  # elements of the full payload S
+    nbytes: int  # bytes of the full payload S
+    ring_bytes: float  # bytes this rank sends under the ring model
+    group_size: int
+    group_ranks: tuple[int, ...]
+    backend: str  # the group's backend, "gloo" / "nccl"
+    numels: tuple[int, ...] = ()  # elements of each tensor of the full payload (list and coalesced forms)
+    tensors: int = 1  # how many tensors one call coalesces
+    async_op: bool = False
+    object_collective: bool = False
+    in_backward: bool = False
+    rank: int = -1
+    seq: int = 0
+    source: str = ""  # captured checks only: the caller's line, "torch/distributed/fsdp/_flat_param.py:1390"
+    # The data pointer of each payload tensor's storage (this rank's addresses: left out of `key`), so a check can
+    # tell which tensors a collective moved, e.g. that DDP all-reduces the very storage its gradients view.
+    storages: tuple[int, ...] = ()
+    # A send's destination or a receive's source, as a global rank (-1 for collectives and any-source receives):
+    # which neighbour a pipeline stage sent an activation to. Left out of `key`: the two ends differ by design.
+    peer: int = -1
+
+    def key(self) -> tuple[Any, ...]:
+        return (
+            self.index, self.op, self.torch_op, self.api, self.caller, self.dtype, self.numel, self.group_size,
+            self.group_ranks, self.numels, self.object_collective, self.in_backward,
+        )  # fmt: skip
+
+    def describe(self) -> str:
+        return f"{self.op} {self.numel} × {self.dtype.removeprefix('torch.')} via {self.api} from {self.caller}"

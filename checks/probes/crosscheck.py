@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from checks.probes.comm import Collective
+    from checks.probes.collectives import Collective
 
 BACKENDS = ("gloo", "nccl", "ucc", "mpi", "xccl")
 _NCCL_NAMES: dict[str, tuple[str, ...]] = {  # event names (after "nccl:") NCCL may use for each kind

@@ -19,7 +19,7 @@ class FsdpEvent:
     api: str = ""  # "fsdp1" | "fsdp2"
     rank: int = -1
     seq: int = 0
-    # Only when the check is captured (`checks.probes.capture`), else "": the torch line that issued the event,
+    # Only when the check is captured (`checks.ranks.capture`), else "": the torch line that issued the event,
     # ``torch/distributed/fsdp/_runtime_utils.py:434``, and for a prefetch the line inside the prefetch function
     # that issued its unshard (see `checks.probes.fsdp_hooks` for which frame each kind names).
     source: str = ""

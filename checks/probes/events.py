@@ -22,7 +22,7 @@ training state when the event began (FSDP1 ``HandleTrainingState``, FSDP2 ``Trai
 (1 until the first final callback returns, then 2, ...), the rank, and ``seq`` from the clock shared with the comm
 recorder.
 `FsdpEvent.key` leaves out the rank and ``seq`` so that logs compare across ranks. When the check is captured
-(`checks.probes.capture`), each event also names the torch line that issued it (``source``, ``via``; the rules are
+(`checks.ranks.capture`), each event also names the torch line that issued it (``source``, ``via``; the rules are
 in `checks.probes.fsdp_hooks`).
 
 How: FSDP1 registers its hooks as ``functools.partial`` objects that hold the functions at wrap time, so patching
@@ -50,9 +50,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from checks.probes import calls, capture, fsdp_hooks
+from checks.probes import calls, fsdp_hooks
 from checks.probes.event_log import EventLog, FsdpEvent
 from checks.probes.recording import Recording
+from checks.ranks import capture
 
 __all__ = ["EventLog", "FsdpEvent", "RecorderFailed", "record_events"]
 

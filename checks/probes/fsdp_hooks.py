@@ -4,7 +4,7 @@ This is the module that knows torch's private FSDP internals (argument names, st
 resolved when a recording starts; one that a new torch renamed or removed stops the recording with its name,
 instead of silently recording nothing.
 
-Source lines (only while a check is captured, `checks.probes.capture`; otherwise no frame is looked at for them):
+Source lines (only while a check is captured, `checks.ranks.capture`; otherwise no frame is looked at for them):
 
 - an event's ``source`` is the line of the FSDP code that called the observed function, where the call is in
   progress (``_pre_forward_unshard``'s ``_unshard(...)`` for an unshard, ``_post_forward_reshard``'s
@@ -29,9 +29,10 @@ from typing import Any
 import torch
 
 from checks.naming import ROOT, unit_name
-from checks.probes import calls, capture, clock
+from checks.probes import calls, clock
 from checks.probes.calls import CallHook, ReturnHook
 from checks.probes.recording import Recording
+from checks.ranks import capture
 from checks.ranks.codeswap import code_of
 
 _FSDP1 = "torch.distributed.fsdp._runtime_utils"

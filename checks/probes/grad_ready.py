@@ -25,8 +25,9 @@ import torch.distributed as dist
 from torch import nn
 
 from checks.naming import clean
-from checks.probes import capture, clock
+from checks.probes import clock
 from checks.probes.event_log import EventLog, FsdpEvent
+from checks.ranks import capture
 
 DDP_UNIT = "ddp"
 READY = "grad ready"

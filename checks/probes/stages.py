@@ -25,8 +25,9 @@ from contextlib import contextmanager
 
 import torch.distributed as dist
 
-from checks.probes import calls, capture, clock
+from checks.probes import calls, clock
 from checks.probes.event_log import EventLog, FsdpEvent
+from checks.ranks import capture
 
 STAGE_BASE = "torch.distributed.pipelining.stage:_PipelineStageBase"
 OBSERVED = {"forward_one_chunk": ("forward", "fwd_chunk_id"), "backward_one_chunk": ("backward", "bwd_chunk_id")}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pickle
-import sys
 import time
 import traceback
 from collections.abc import Iterator
@@ -11,8 +10,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from checks.breakit import patching
-from checks.ranks import isolation, marks
+from checks.ranks import capture, isolation, marks, patching
 from checks.ranks.context import RankContext
 from checks.ranks.protocol import CheckRequest, RankResult
 from checks.ranks.symbols import load
@@ -59,21 +57,18 @@ def execute(request: CheckRequest, ctx: RankContext) -> RankResult:
 
 @contextmanager
 def _capturing(on: bool) -> Iterator[list[Any]]:
-    """The probe logs the check records when ``on`` (`checks.probes.capture`), else an empty list. Imported only
-    when asked for: the probes import torch, which a check that records nothing may never need."""
+    """The probe logs the check records when ``on`` (`checks.ranks.capture`), else an empty list. Imported only
+    when asked for."""
     if not on:
         yield []
         return
-    from checks.probes import capture
-
     with capture.collecting() as logs:
         yield logs
 
 
 def _recorded() -> frozenset[str]:
     """The kinds of probe recording finished since the last call (none when no probe module was ever loaded)."""
-    capture = sys.modules.get("checks.probes.capture")
-    return capture.recorded_since_reset() if capture is not None else frozenset()
+    return capture.recorded_since_reset()
 
 
 def _sendable(log: object) -> object:

@@ -35,7 +35,7 @@ class CheckRequest:
     patches: tuple[Patch, ...] = ()
     timeout: float | None = None  # seconds; None takes the manager's default
     seed: int = 0
-    # Collect every probe log the check records, with each record's torch source line (checks.probes.capture):
+    # Collect every probe log the check records, with each record's torch source line (checks.ranks.capture):
     # for views of the whole run (``fsdp-readings timeline``); off, probes attribute no lines and cost nothing more.
     capture: bool = False
     # The backends the check is written for (empty: any). A run on another is skipped, with the reason, rather

@@ -109,9 +109,8 @@ def preimport() -> None:
     import torch.distributed.fsdp
     import torch.distributed.fsdp._fully_shard
     import torch.distributed.optim
-    import torch.nn.parallel  # noqa: F401
-
-    import checks.probes  # noqa: F401  (its imports are heavy on first use)
+    import torch.nn.parallel
+    import torch.utils._python_dispatch  # noqa: F401  (the memory probe's)
 
 
 if __name__ == "__main__":

@@ -8,4 +8,6 @@
 - `checks.ring.timing`: rank-side timings for ``benchmarks/test_ring_model.py``.
 
 Their expected values live in `checks.models.ring` (torch-free); the claims in `checks.guides.g14_ring_all_reduce`.
+
+May import: ranks.
 """

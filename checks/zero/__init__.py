@@ -7,6 +7,8 @@
 
 Use: ``engine = Zero2(model, ["blocks.0", "blocks.1", "blocks.2"])``; then ``engine.model(x)``, ``backward()``,
 ``engine.step()``, ``engine.zero_grad()``. The engine replaces the optimizer and DDP: do not wrap the model.
+
+May import: nothing else of checks.
 """
 
 from checks.zero.groups import FlatGroup, module_groups, shard_range

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import io
 import re
+import textwrap
 import tokenize
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -109,7 +110,8 @@ def expect_blocks(fences: Sequence[Fence], context: BodyContext) -> Iterator[Exp
             )
             continue
         seen.setdefault(name, (start, versions))
-        items = tuple(line.strip() for line in fence.content.split("\n") if line.strip())
+        # as written, less the block's own indent: a continuation line stays indented under its row
+        items = tuple(line.rstrip() for line in textwrap.dedent(fence.content).split("\n") if line.strip())
         if not items:
             context.problem(start, f"expect block `{name}` is empty", "write one expected row per line")
         expected = expected_rows(name, shape, fence, context) if shape and items else None

@@ -1,4 +1,4 @@
-"""Helpers for the probes' tests: run a ``checks.probes.selftest`` function on the session's rank pool."""
+"""Helpers for the probes' tests: run a ``tests.probes.on_ranks`` function on the session's rank pool."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class Ranks:
         **kw: Any,
     ) -> list[Any]:
         request = CheckRequest(
-            f"checks.probes.selftest:{function}", kwargs=kw, world_size=world_size, patches=patches, trace=trace
+            f"tests.probes.on_ranks:{function}", kwargs=kw, world_size=world_size, patches=patches, trace=trace
         )
         run = self.pool.run(request)
         if run.skipped:

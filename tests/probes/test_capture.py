@@ -14,7 +14,7 @@ from checks.ranks.manager import PoolManager
 from checks.ranks.protocol import CheckRequest, CheckRun
 
 TORCH_PARENT = Path(torch.__file__).resolve().parent.parent
-STEP = "checks.probes.selftest:step_probes"
+STEP = "tests.probes.on_ranks:step_probes"
 TWO_STEPS = {"kind": "fsdp1", "steps": 2, "forward_prefetch": True, "backward_prefetch": None}
 
 

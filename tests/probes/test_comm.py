@@ -76,7 +76,7 @@ def test_every_collective_api_is_recorded_once_with_its_full_payload(ranks) -> N
     first = values[0]
     assert first["async all_reduce"][0].async_op and not first["all_reduce"][0].async_op
     assert first["DTensor full_tensor"][0].caller.startswith("torch.distributed.tensor.")
-    assert first["all_gather_single"][0].caller == "checks.probes.selftest:_api_cases.<locals>.<lambda>"
+    assert first["all_gather_single"][0].caller == "tests.probes.on_ranks:_api_cases.<locals>.<lambda>"
 
 
 @pytest.mark.world_size(4)
@@ -148,13 +148,13 @@ def test_recorder_follows_a_sabotaged_reduce_scatter(ranks) -> None:
     FSDP1's three gradient reductions must show up as all-reduces of the padded flat gradient, at twice the ring
     bytes, called from the replacement."""
     sabotage = Patch("torch.distributed.distributed_c10d:reduce_scatter_single",
-                     "checks.probes.selftest:reduce_scatter_via_all_reduce")  # fmt: skip
+                     "tests.probes.on_ranks:reduce_scatter_via_all_reduce")  # fmt: skip
     log = ranks("step_probes", kind="fsdp1", patches=(sabotage,))[0].comm
     assert log.count("reduce_scatter") == 0
     reductions = log.select("all_reduce")
     assert [r.numel for r in reductions] == [flat_numel(u, 2) for u in ("1", "0", ROOT)]
     assert {r.caller for r in reductions} == {
-        "checks.probes.selftest:reduce_scatter_via_all_reduce.<locals>.replacement"
+        "tests.probes.on_ranks:reduce_scatter_via_all_reduce.<locals>.replacement"
     }
     assert [r.ring_bytes for r in reductions] == [2 * ring_bytes("reduce_scatter", r.nbytes, 2) for r in reductions]
     assert log.crosscheck is not None and log.crosscheck.ok

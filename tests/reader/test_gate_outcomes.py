@@ -17,8 +17,9 @@ from tests.reader.reader_support import PREFETCH_ANCHOR, TorchTree, guide
 RUNTIME = "torch/distributed/fsdp/_runtime_utils.py"
 GUIDE = "readings/04-forward-prefetch.md"
 
-# A runner whose claims pass, fail with a `Violation` whose details name a policy (``fake = "row"``: the row of
-# the expect block ``stated`` that starts with ``kwargs["bad"]``), or fail without running (``"absent"``).
+# A runner whose claims pass, fail with a `Violation` that records the row of the expect block ``expected`` whose
+# key is ``kwargs["bad"]`` (``fake = "row"``: the line the guide parser gave that row; none when no row has that
+# key), or fail without running (``"absent"``).
 RUNNER = """
 from checks.ranks.protocol import CheckRun, RankResult
 
@@ -28,10 +29,11 @@ class Runner:
         mode = request.kwargs.get("fake", "ok")
         ran = frozenset(request.trace)
         if mode == "row":
-            bad = request.kwargs["bad"]
+            bad, expected = request.kwargs["bad"], request.kwargs["expected"]
+            rows = tuple(row.record(expected.name) for row in expected if row.key == bad)
             failed = RankResult(0, ok=False, executed=ran, error="Violation", error_type="checks.violation.Violation",
                                 message=f"{bad}: dtypes differ", reason="dtypes-differ",
-                                details={"policy": bad, "observed": {"grads": ["float32"]}})
+                                details={"policy": bad, "observed": {"grads": ["float32"]}}, expect_rows=rows)
             return CheckRun(request, [failed, RankResult(1, ok=True, executed=ran)], failure=f"rank 0: {bad}")
         return CheckRun(request, [RankResult(r, ok=True, value=r, executed=ran) for r in range(2)])
 
@@ -49,9 +51,9 @@ note "handle._prefetched = True": marks the handle.
 
 The policies and what they do:
 
-```expect policies
-bf16/None  reduce bfloat16
-bf16/fp32  reduce float32
+```expect policies mapping
+bf16/None: reduce bfloat16
+bf16/fp32: reduce float32
 ```
 """
 
@@ -60,7 +62,7 @@ def claim(mode: str, claim_id: str = "dtypes", extra: str = "") -> str:
     return (
         f'[[claims]]\nid = "{claim_id}"\nstatement = "The reductions have the guide\'s dtypes."\n'
         f'check = "fakechecks.prefetch:forward_order"\nworld_size = 2\n'
-        f'kwargs = {{ fake = "{mode}", stated = {{ expect = "policies" }}{extra} }}\n'
+        f'kwargs = {{ fake = "{mode}", expected = {{ expect = "policies" }}{extra} }}\n'
     )
 
 
@@ -173,24 +175,24 @@ def test_a_preview_says_that_claims_did_not_run(project: pytest.Pytester, instal
 
 def test_a_failed_claim_points_at_the_expect_row_it_makes_false(project: pytest.Pytester):
     lines = write(project, claim("row", extra=', bad = "bf16/None"'))
-    row = lines.index("bf16/None  reduce bfloat16") + 1
-    fence = lines.index("```expect policies") + 1
+    row = lines.index("bf16/None: reduce bfloat16") + 1
+    fence = lines.index("```expect policies mapping") + 1
     claim_line = lines.index('id = "dtypes"')  # its [[claims]] line, 1-based
     result = project.runpytest("readings", "-k", "claim", "--drift-report", "gate/r.json")
     assert result.ret == 1
     (failed,) = summary(project)["failed_claims"]
     assert failed["at"] == f"{GUIDE}:{row}" and failed["claim_line"] == claim_line
     assert failed["expect"] == {"block": "policies", "line": fence,
-                                "rows": [{"line": row, "text": "bf16/None  reduce bfloat16"}]}  # fmt: skip
+                                "rows": [{"line": row, "text": "bf16/None: reduce bfloat16"}]}  # fmt: skip
     markdown = (project.path / "gate" / "r.md").read_text()
     assert f"| `04-forward-prefetch` | `dtypes` | {GUIDE}:{row} | `dtypes-differ` |" in markdown
     pr = (project.path / "gate" / "summary.md").read_text()
-    assert f"  - now false, {GUIDE}:{row} (expect `policies`): `bf16/None  reduce bfloat16`" in pr
+    assert f"  - now false, {GUIDE}:{row} (expect `policies`): `bf16/None: reduce bfloat16`" in pr
 
 
 def test_a_failure_that_names_no_row_points_at_the_expect_block(project: pytest.Pytester):
     lines = write(project, claim("row", extra=', bad = "fp16"'))  # no row says fp16
-    fence = lines.index("```expect policies") + 1
+    fence = lines.index("```expect policies mapping") + 1
     project.runpytest("readings", "-k", "claim", "--drift-report", "gate/r.json")
     (failed,) = summary(project)["failed_claims"]
     assert failed["at"] == f"{GUIDE}:{fence}" and failed["expect"]["rows"] == []

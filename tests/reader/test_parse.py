@@ -234,7 +234,7 @@ EXPECT_BODY = (
     + """
 The order, as the guide states it:
 
-```expect order
+```expect order pairs
 root -> blocks.0
 
 blocks.0 -> blocks.1
@@ -249,19 +249,22 @@ def test_expect_block_feeds_a_claim(checks: CheckFinder):
     assert block.name == "order" and block.items == ("root -> blocks.0", "blocks.0 -> blocks.1")
     (claim,) = g.claims
     assert claim.kwargs["order"] == {"expect": "order"}  # the spec keeps the reference; resolution is explicit
-    assert g.claim_kwargs(claim) == {"mode": "forward", "order": ["root -> blocks.0", "blocks.0 -> blocks.1"],
-                                     "iterations": 2}  # fmt: skip
+    kwargs = g.claim_kwargs(claim)
+    assert kwargs["order"] is block.expected and (kwargs["mode"], kwargs["iterations"]) == ("forward", 2)
+    assert block.expected.pairs == [("root", "blocks.0"), ("blocks.0", "blocks.1")]
+    # each row keeps the line the parser read it on (a blank line between rows counts)
+    assert [row.line for row in block.expected] == [block.start + 1, block.start + 3]
 
 
 def test_expect_block_problems(checks: CheckFinder):
-    body = EXPECT_BODY + "\n```expect order\nx\n```\n\n```expect\n```\n\n```expect empty\n```\n"
+    body = EXPECT_BODY + "\n```expect order lines\nx\n```\n\n```expect\n```\n\n```expect empty lines\n```\n"
     claims = EXPECT_CLAIM.replace('{ expect = "order" }', '{ expect = "ordr" }')
     found = problems(guide(anchors=PREFETCH_ANCHOR, claims=claims, body=body), checks)
     messages = {m: (line, fix) for line, m, fix in found}
     assert messages["claim `forward-order` takes `order` from expect block `ordr`, which this guide does not have"] == (
         12, "did you mean `order`?")  # fmt: skip
     assert any(m.startswith("duplicate expect block `order` (first on line") for m in messages)
-    assert "an expect block has one name, got `expect`" in messages
+    assert "an expect block has a name and a shape, got `expect`" in messages
     assert "expect block `empty` is empty" in messages
 
 
