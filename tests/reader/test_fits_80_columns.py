@@ -90,7 +90,7 @@ Indented:
 
     {ROW_79}
 
-```expect rows
+```expect rows lines
 {ROW_78}
 {ROW_79}
 ```

@@ -30,12 +30,17 @@ from checks.ranks.protocol import CheckRun, RankResult
 FAILURE = "rank 1 raised AssertionError: prefetch order was [2, 1]"
 
 
+def rows(value):
+    # an expect block (checks.expected.Expected) is logged as the texts of its rows
+    return [row.text for row in value]
+
+
 class FakeRunner:
     def run(self, request):
         with open("requests.jsonl", "a") as log:
             log.write(json.dumps({"target": request.target, "kwargs": dict(request.kwargs),
                                   "world_size": request.world_size, "trace": list(request.trace),
-                                  "timeout": request.timeout}) + "\\n")
+                                  "timeout": request.timeout}, default=rows) + "\\n")
         with open("requests.pickle", "ab") as sent:
             pickle.dump(request, sent)
         ranks = range(request.world_size)
@@ -889,11 +894,11 @@ kwargs = { fake = "ok", expected = { expect = "order" } }
 """
 
 RANGED_BODY = """
-```expect order [torch <2.15]
+```expect order pairs [torch <2.15]
 root -> blocks.0
 ```
 
-```expect order [torch >=2.15]
+```expect order pairs [torch >=2.15]
 root -> blocks.1
 ```
 """

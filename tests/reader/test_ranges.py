@@ -1,5 +1,5 @@
 """Torch ranges on guide content: an anchor (``torch = "<2.15"``), a source block (```source a [torch <2.15]), a
-note (``note "…" [torch >=2.15]:``) and an expect block (```expect order [torch >=2.15]) hold only for the
+note (``note "…" [torch >=2.15]:``) and an expect block (```expect order pairs [torch >=2.15]) hold only for the
 releases they name. Elsewhere they are not read: not resolved, compared, shown, checked or approved."""
 
 from __future__ import annotations
@@ -46,11 +46,11 @@ note "handle._prefetched = True" [torch >=2.16]: still marks it.
 note "return [_register_hook(o) for o in outputs]": one hook per output.
 ```
 
-```expect order [torch <2.15]
+```expect order pairs [torch <2.15]
 root -> blocks.0
 ```
 
-```expect order [torch >=2.15]
+```expect order pairs [torch >=2.15]
 root -> blocks.1
 ```
 """
@@ -83,15 +83,15 @@ def test_a_guide_read_on_one_release_leaves_out_what_holds_elsewhere():
     assert [(b.anchor, len(b.notes)) for b in old.source_blocks()] == [("prefetch", 1), ("hooks", 1)]
     assert [(b.anchor, len(b.notes)) for b in new.source_blocks()] == [("prefetch", 0)]  # its note is for 2.16
     assert [(b.anchor, len(b.notes)) for b in newer.source_blocks()] == [("prefetch", 1)]
-    assert old.claim_kwargs(claim) == {"expected": ["root -> blocks.0"]}
-    assert new.claim_kwargs(claim) == {"expected": ["root -> blocks.1"]}
+    assert old.claim_kwargs(claim)["expected"].pairs == [("root", "blocks.0")]
+    assert new.claim_kwargs(claim)["expected"].pairs == [("root", "blocks.1")]
     assert new.claims == g.claims  # claims stay: each is skipped by its own `torch`
     with pytest.raises(ExpectBlockUnavailable, match="read on no torch in particular both apply"):
         g.claim_kwargs(claim)  # the guide read on no release in particular cannot pick one
 
 
 def test_a_claim_whose_expect_block_has_no_version_for_this_torch_says_what_to_do():
-    body = BODY.replace("```expect order [torch >=2.15]\nroot -> blocks.1\n```\n", "")
+    body = BODY.replace("```expect order pairs [torch >=2.15]\nroot -> blocks.1\n```\n", "")
     g = parse(guide(anchors=PREFETCH_ANCHOR, claims=CLAIM, body=body.replace("```source hooks", "```source prefetch")))
     with pytest.raises(ExpectBlockUnavailable, match=r"has no version for torch 2\.15\.0: scope the claim"):
         g.on("2.15.0").claim_kwargs(g.claims[0])
@@ -103,8 +103,8 @@ def test_a_claim_whose_expect_block_has_no_version_for_this_torch_says_what_to_d
         ('torch = "<2.15"', 'torch = "before 2.15"', '`torch = "before 2.15"` is not a PEP 440 version specifier'),
         ("```source prefetch [torch <2.15]", "```source prefetch [torch soon]", "`[torch soon]` is not a PEP 440"),
         ("```source hooks", "```source hooks extra", "a source block names one anchor, got `source hooks extra`"),
-        ("```expect order [torch >=2.15]", "```expect order", "duplicate expect block `order` (first on line"),
-        ("```expect order [torch <2.15]", "```expect order [torch <]", "`[torch <]` is not a PEP 440"),
+        ("```expect order pairs [torch >=2.15]", "```expect order pairs", "duplicate expect block `order` (first on line"),
+        ("```expect order pairs [torch <2.15]", "```expect order pairs [torch <]", "`[torch <]` is not a PEP 440"),
     ],
 )
 def test_bad_ranges_name_their_line(old: str, new: str, message: str):

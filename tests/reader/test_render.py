@@ -24,7 +24,7 @@ Read it.
 note "handle._prefetched = True": marks the handle.
 ```
 
-```expect order
+```expect order pairs
 root -> 1
 ```
 """
