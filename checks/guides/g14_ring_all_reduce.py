@@ -24,10 +24,9 @@ import torch.distributed as dist
 
 from checks.models import ring as model
 from checks.models.ring_draws import ITEMSIZE
+from checks.probes import calls
 from checks.probes.comm import CommLog, record_comm
-from checks.ranks import tracing
 from checks.ranks.context import RankContext
-from checks.ranks.symbols import code_objects
 from checks.ring import naive, ring
 from checks.ring.inputs import expected_sum, rank_values
 from checks.ring.traffic import StepRecord, Traffic
@@ -162,8 +161,8 @@ def posted_messages() -> Iterator[dict[str, list[torch.Tensor]]]:
     fills (read after the block, once every receive has completed), in call order: the messages themselves, read
     where torch receives them, not the ring's own record of its steps."""
     seen: dict[str, list[torch.Tensor]] = {"sent": [], "received": []}
-    (send_code,) = code_objects("torch.distributed.distributed_c10d:isend")
-    (recv_code,) = code_objects("torch.distributed.distributed_c10d:irecv")
+    send_code = calls.function_code("torch.distributed.distributed_c10d:isend")
+    recv_code = calls.function_code("torch.distributed.distributed_c10d:irecv")
 
     def on_send(frame: Any) -> None:
         seen["sent"].append(frame.f_locals["tensor"].detach().clone())
@@ -171,7 +170,7 @@ def posted_messages() -> Iterator[dict[str, list[torch.Tensor]]]:
     def on_recv(frame: Any) -> None:
         seen["received"].append(frame.f_locals["tensor"])
 
-    with tracing.subscribed({send_code: on_send, recv_code: on_recv}) as subscription:
+    with calls.subscribed({send_code: on_send, recv_code: on_recv}) as subscription:
         yield seen
     if subscription.errors:
         raise RuntimeError(f"the message recorder failed: {subscription.errors[0]!r}") from subscription.errors[0]
