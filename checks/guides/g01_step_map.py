@@ -8,8 +8,10 @@ from typing import Any
 
 import torch
 
-from checks.probes import assert_sequence, record_comm, record_events
-from checks.probes.timeline import lines, normalized
+from checks.expected import Expected
+from checks.probes.comm import record_comm
+from checks.probes.events import record_events
+from checks.probes.timeline import lines
 from checks.ranks import marks
 from checks.ranks.context import RankContext
 from checks.violation import require
@@ -24,7 +26,7 @@ FORWARD_REGISTRATION = (  # the hook registration helpers FSDP1's wrapper does n
 FORWARD_DIRECT = (f"{RU}:_root_pre_forward", f"{RU}:_pre_forward", f"{RU}:_post_forward")
 
 
-def one_step_timeline(ctx: RankContext, expected: list[str]) -> dict[str, Any]:
+def one_step_timeline(ctx: RankContext, expected: Expected) -> dict[str, Any]:
     """One forward and backward of the default wrap (FULL_SHARD, BACKWARD_PRE) matches the guide's timeline.
     Returns the timeline, how many of its unshards all-gathered, and whose post-backward hook ran last."""
     model = fsdp1_gpt(ctx)
@@ -33,7 +35,7 @@ def one_step_timeline(ctx: RankContext, expected: list[str]) -> dict[str, Any]:
         _, loss = model(x, y)
         loss.backward()
     observed = lines(events)
-    assert_sequence(observed, normalized(expected), what=f"rank {ctx.rank}'s step timeline", reason="timeline-differs")
+    expected.require_rows(observed, reason="timeline-differs", what=f"rank {ctx.rank}'s step timeline")
     post_backward = [line.split()[1] for line in observed if line.endswith("post-backward hook")]
     return {
         "timeline": observed,

@@ -11,10 +11,13 @@ from torch.distributed.fsdp._limiter_utils import _FreeEventQueue
 
 from checks.breakit.exercises import Exercise
 from checks.breakit.patches import set_to, wrapping
+from checks.expected import Expected
 from checks.models.flat_param import layout
 from checks.models.rate_limiter import queue_calls
 from checks.naming import ROOT, clean
-from checks.probes import assert_sequence, record_comm, record_events
+from checks.probes.comm import record_comm
+from checks.probes.events import record_events
+from checks.probes.expect import assert_sequence
 from checks.probes.memory_series import record_memory_series
 from checks.ranks.context import RankContext
 from checks.violation import require, require_equal
@@ -81,14 +84,17 @@ def _gathered_units(events: Any, comm: Any) -> list[tuple[str, Any]]:
     return named
 
 
-def one_all_gather_per_unit_per_forward(ctx: RankContext, expected: list[str], steps: int = 2) -> list[list[str]]:
+def one_all_gather_per_unit_per_forward(ctx: RankContext, expected: Expected, steps: int = 2) -> list[list[str]]:
     """Every forward (the first and the steady state) issues exactly one all-gather per unit, in forward order,
     each of the unit's padded unsharded size, joining ``world_size`` equal shards. Each all-gather is named by the
     unit whose unshard issued it, and the guide's rows (unit, size) must be the model's: units in the model's
     module order (the root's forward starts first, then each block), sizes from the layout model."""
-    stated = [" ".join(row.split()) for row in expected]
     modelled = [f"{unit} {numel}" for unit, numel in padded_sizes(ctx.world_size, element_bytes=4).items()]
-    require_equal(stated, modelled, reason="guide-differs-from-model", what="the guide's all-gathers, by the model")
+    # The guide is what is checked here: its rows are the observed value, the model's the expected one.
+    off = [row for row, want in zip(expected, modelled, strict=False) if row.flat != want] or expected.rows[-1:]
+    message = f"the guide's all-gathers, by the model: {expected.flats!r}, expected {modelled!r}"
+    expected.require(expected.flats == modelled, off, "guide-differs-from-model", message, observed=expected.flats,
+                     expected=modelled)  # fmt: skip
     model = fsdp1_gpt(ctx)
     observed = []
     for step in range(steps):
@@ -99,7 +105,7 @@ def one_all_gather_per_unit_per_forward(ctx: RankContext, expected: list[str], s
         named = _gathered_units(events, comm)
         rows = [f"{unit} {c.numel}" for unit, c in named]
         what = f"forward {step + 1}'s all-gathers (unit, elements), one per unit in forward order"
-        require_equal(rows, stated, reason="all-gathers-by-unit", what=what, forward=step + 1)
+        expected.require_rows(rows, reason="all-gathers-by-unit", what=what, forward=step + 1)
         shards = [f"{unit} {sorted(set(c.numels))} x {len(c.numels)}" for unit, c in named]
         wanted = [f"{unit} {[c.numel // ctx.world_size]} x {ctx.world_size}" for unit, c in named]
         what = f"forward {step + 1}: each all-gather joins one equal shard per rank"

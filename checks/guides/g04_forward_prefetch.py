@@ -10,12 +10,15 @@ from torch import nn
 
 from checks.breakit.exercises import Exercise
 from checks.breakit.patches import wrapping
+from checks.expected import Expected, Row
 from checks.models import autograd_order
 from checks.models.prefetch import forward_prefetches as model_forward_prefetches
 from checks.models.unit_counts import unit_counts
 from checks.naming import ROOT
-from checks.probes import EventLog, clock, record_events
+from checks.probes import clock
 from checks.probes.compute_marks import ComputeMarks
+from checks.probes.event_log import EventLog
+from checks.probes.events import record_events
 from checks.ranks.context import RankContext
 from checks.violation import require, require_equal
 from checks.workloads.gpt import batch, fsdp1_gpt, padded_sizes, units
@@ -59,7 +62,7 @@ def no_prefetch_in_iteration_1(ctx: RankContext) -> list[str]:
     return second
 
 
-def follows_iteration_1_order(ctx: RankContext, stated: list[str]) -> list[str]:
+def follows_iteration_1_order(ctx: RankContext, expected: Expected) -> list[str]:
     """From iteration 2, each unit's pre-forward prefetches the next unit of iteration 1's order (as the guide
     states it), before the issuing unit's own compute; prefetched units are then not unsharded again."""
     model = fsdp1_gpt(ctx, forward_prefetch=True)
@@ -69,13 +72,12 @@ def follows_iteration_1_order(ctx: RankContext, stated: list[str]) -> list[str]:
             _, loss = model(*batch(ctx, step=step))
             loss.backward()
     recorded = compute_order(marks, 1)
-    expected = [f"{a} -> {b}" for a, b in pairwise(recorded)]
-    stated_pairs = [" ".join(s.split()) for s in stated]
+    modelled = [f"{a} -> {b}" for a, b in pairwise(recorded)]
     what = f"the prefetches iteration 1's forward order {recorded} gives, against the guide's"
-    require_equal(expected, stated_pairs, reason="order-differs-from-guide", what=what)
+    expected.require_rows(modelled, reason="order-differs-from-guide", what=what)
     for iteration in (2, 3):
         observed = forward_prefetches(events, iteration)
-        require_equal(observed, expected, reason="prefetch-order", what=f"iteration {iteration}'s prefetches")
+        expected.require_rows(observed, reason="prefetch-order", what=f"iteration {iteration}'s prefetches")
         for e in events.select("prefetch", iteration=iteration):
             if e.state != "FORWARD":
                 continue
@@ -85,7 +87,7 @@ def follows_iteration_1_order(ctx: RankContext, stated: list[str]) -> list[str]:
         unsharded = [e.unit for e in events.select("unshard", iteration=iteration) if e.state == "FORWARD"]
         what = f"iteration {iteration}: units unsharded by their own pre-forward"
         require_equal(unsharded, [ROOT], reason="unsharded-again", what=what)
-    return expected
+    return modelled
 
 
 def stale_order_after_change(ctx: RankContext) -> dict[str, list[str]]:
@@ -110,13 +112,9 @@ def stale_order_after_change(ctx: RankContext) -> dict[str, list[str]]:
     return {"recorded": recorded, "used": used, "prefetched": observed}
 
 
-def _parse_held(stated: list[str]) -> dict[str, list[str]]:
-    """``blocks.0: root blocks.0 blocks.1`` lines as {unit: units held}."""
-    held = {}
-    for line in stated:
-        unit, _, rest = line.partition(":")
-        held[unit.strip()] = rest.split()
-    return held
+def _units_held(row: Row) -> list[str]:
+    """A ``held-…`` row's units: ``blocks.0: root blocks.0 blocks.1`` holds three."""
+    return row.value.split()
 
 
 def _compute_points(unit: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -164,7 +162,7 @@ def _storage_snapshots(model: nn.Module) -> tuple[dict[str, dict[str, int]], dic
     return seen, through
 
 
-def held_at_compute(ctx: RankContext, with_prefetch: list[str], without_prefetch: list[str]) -> dict[str, Any]:
+def held_at_compute(ctx: RankContext, with_prefetch: Expected, without_prefetch: Expected) -> dict[str, Any]:
     """In iteration 2, which units' unsharded parameters are allocated when each unit's own compute starts, with
     and without forward prefetch, and that they stay so through that compute (sampled before and after each of
     the unit's own layers); each allocated one holds its whole padded size (from the layout model)."""
@@ -181,34 +179,36 @@ def held_at_compute(ctx: RankContext, with_prefetch: list[str], without_prefetch
                    if nbytes not in (0, full[n])}  # fmt: skip
         require(not partial, "partial-storage", f"storage neither freed nor whole: {partial}", observed=partial)
         what = f"units allocated at each unit's compute start, iteration 2, {label} forward prefetch"
-        expected = _parse_held(stated)
-        require_equal(held, expected, reason="held-differs", what=what, prefetch=label)
+        stated.require_values(held, reason="held-differs", what=what, value=_units_held, prefetch=label)
         for unit, points in through.items():
             require(len(points) > 1, "no-compute-points", f"{unit}: its compute was not sampled", unit=unit)
+            row = stated.row(unit)
+            want = _units_held(row)
             for point, units_held in points:
-                message = f"{label} forward prefetch, {unit} at {point}: {units_held} allocated, not {expected[unit]}"
-                require(units_held == expected[unit], "held-during-compute", message, prefetch=label,
-                        point=f"{unit} {point}", observed=units_held, expected=expected[unit])  # fmt: skip
+                message = f"{label} forward prefetch, {unit} at {point}: {units_held} allocated, not {want}"
+                stated.require(units_held == want, row, "held-during-compute", message, prefetch=label,
+                               point=f"{unit} {point}", observed=units_held, expected=want)  # fmt: skip
         observed[label] = held
     return observed
 
 
-def prefetch_without_backward(ctx: RankContext, stated: list[str], forwards: int = 3) -> list[list[str]]:
+def prefetch_without_backward(ctx: RankContext, expected: Expected, forwards: int = 3) -> list[list[str]]:
     """With no backward at all (evaluation under no_grad) the first forward prefetches nothing and every later
     forward prefetches by the order the first one recorded: the record is complete after one forward, although
     ``next_iter`` never runs."""
     model = fsdp1_gpt(ctx, forward_prefetch=True)
     model.eval()
-    expected_pairs = [" ".join(s.split()) for s in stated]
     observed = []
     with torch.no_grad():
         for i in range(forwards):
             with record_events(model) as events:
                 model(batch(ctx, step=i)[0])
             prefetches = forward_prefetches(events, 1)  # no final callback ran: everything is iteration 1
-            expected = [] if i == 0 else expected_pairs
             what = f"forward {i + 1}'s prefetches with no backward"
-            require_equal(prefetches, expected, reason="prefetch-order", what=what, forward=i + 1)
+            if i == 0:  # the first forward has no record to follow yet
+                require_equal(prefetches, [], reason="prefetch-order", what=what, forward=i + 1)
+            else:
+                expected.require_rows(prefetches, reason="prefetch-order", what=what, forward=i + 1)
             observed.append(prefetches)
     return observed
 
@@ -252,11 +252,6 @@ def _modelled_creation(forward_prefetch: bool) -> list[str]:
     return labels
 
 
-def _moments(stated: list[str]) -> list[tuple[str, int]]:
-    """``compute blocks.2   3`` lines as (moment, units)."""
-    return [(" ".join(line.split()[:2]), int(line.split()[2])) for line in stated]
-
-
 def _backward_of_iteration_2(ctx: RankContext, forward_prefetch: bool) -> dict[str, Any]:
     """Iteration 2 of mini_gpt (BACKWARD_PRE, the default): its forward's creation order, its backward's hooks and
     prefetches, and the unsharded bytes at each compute start and after each post-backward hook."""
@@ -283,8 +278,8 @@ def _backward_of_iteration_2(ctx: RankContext, forward_prefetch: bool) -> dict[s
     return {"created": [label for label, _ in sorted(created, key=lambda c: c[1])], "hooks": hooks, "points": points}
 
 
-def prefetch_reorders_backward(ctx: RankContext, with_prefetch: list[str], without_prefetch: list[str],
-                               peaks: list[str]) -> dict[str, Any]:  # fmt: skip
+def prefetch_reorders_backward(ctx: RankContext, with_prefetch: Expected, without_prefetch: Expected,
+                               peaks: Expected) -> dict[str, Any]:  # fmt: skip
     """From iteration 2, forward prefetch changes the order of backward. A prefetch creates the next unit's views
     (the autograd nodes its parameters' gradients meet at) before the current unit's compute, and autograd runs the
     ready node created last first: so blocks.1's compute, and its pre-backward hook, come before blocks.2's views,
@@ -292,14 +287,14 @@ def prefetch_reorders_backward(ctx: RankContext, with_prefetch: list[str], witho
     units holding unsharded parameters at each moment are the torch-free model's (`checks.models.autograd_order`)
     and the guide's tables; with it the root and all three blocks are unsharded at once, the peak is the guide's."""
     sizes = {unit: 4 * numel for unit, numel in padded_sizes(ctx.world_size, element_bytes=4).items()}
-    stated_peaks = {line.split()[0]: int(line.split()[1]) for line in peaks}
     observed: dict[str, Any] = {}
-    for label, forward_prefetch, stated in (("with", True, with_prefetch), ("without", False, without_prefetch)):
+    for label, forward_prefetch, table in (("with", True, with_prefetch), ("without", False, without_prefetch)):
         where = {"prefetch": label}
         made = autograd_order.mini_gpt_forward(ROOT, BLOCKS, forward_prefetch)
         sequence, moments = autograd_order.backward_with_prefetch(made, POST_FORWARD, kept=[ROOT])
         what = f"{label} forward prefetch: the model's units alive, against the guide's table"
-        require_equal(moments, _moments(stated), reason="table-differs-from-model", what=what, **where)
+        modelled = [f"{moment} {count}" for moment, count in moments]
+        table.require_rows(modelled, reason="table-differs-from-model", what=what, **where)
         run = _backward_of_iteration_2(ctx, forward_prefetch)
         what = f"iteration 2, {label} forward prefetch: what forward created, in autograd's order"
         require_equal(run["created"], _modelled_creation(forward_prefetch), reason="creation-order", what=what,
@@ -312,10 +307,15 @@ def prefetch_reorders_backward(ctx: RankContext, with_prefetch: list[str], witho
             require(len(found) == 1, "not-whole-units", f"{label}: {nbytes} bytes at {moment} are not whole units",
                     moment=moment, nbytes=nbytes, **where)  # fmt: skip
             counts.append((moment, found.pop()))
-        what = f"iteration 2, {label} forward prefetch: units holding unsharded parameters"
-        require_equal(counts, moments, reason="units-alive", what=what, **where)
-        peak = max(nbytes for _, nbytes in run["points"])
-        require_equal(peak, stated_peaks[label], reason="peak-bytes", what=f"{label}: peak unsharded bytes", **where)
+        # Rows and moments are one list by now (the model's): a count is false on the row at its place.
+        off = [row for row, got in zip(table, counts, strict=False) if got != (row.key, int(row.cells[1]))]
+        message = f"iteration 2, {label} forward prefetch: units holding unsharded parameters: {counts!r}"
+        table.require(counts == moments, off or table.rows[-1:], "units-alive", f"{message}, expected {moments!r}",
+                      observed=counts, expected=moments, **where)  # fmt: skip
+        peak, row = max(nbytes for _, nbytes in run["points"]), peaks.row(label)
+        stated_peak = int(peaks.cells(row)["peak bytes"])
+        message = f"{label}: peak unsharded bytes: {peak}, expected {stated_peak}"
+        peaks.require(peak == stated_peak, row, "peak-bytes", message, observed=peak, expected=stated_peak, **where)
         observed[label] = {"created": run["created"], "hooks": run["hooks"], "alive": dict(counts), "peak": peak}
     observed["extra_bytes"] = observed["with"]["peak"] - observed["without"]["peak"]
     return observed

@@ -11,7 +11,8 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import MixedPrecision
 
 from checks.naming import ROOT, clean
-from checks.probes import assert_sequence, record_comm
+from checks.probes.comm import record_comm
+from checks.probes.expect import assert_sequence
 from checks.ranks.context import RankContext
 from checks.violation import require, require_equal
 from checks.workloads.gpt import batch, fsdp1_gpt, padded_sizes, units

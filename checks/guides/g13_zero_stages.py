@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from checks.expected import Expected
 from checks.models.flat_param import layout
 from checks.models.zero_memory import (
     IMPLEMENTATIONS,
@@ -41,12 +42,8 @@ from checks.workloads.toy import wrap_ddp
 from mini_gpt import GPT, preset
 from mini_gpt.train import make_optimizer
 
-# -- the implementations, behind one small interface ------------------------------------------------------------
 
-
-# -- memory: distinct live storages by category -----------------------------------------------------------------
-
-
+# -- memory: distinct live storages by category (the implementations: `checks.workloads.data_parallel`) ----------
 def _one_step(trained: Trained, ctx: RankContext, step: int = 0) -> torch.Tensor:
     _, loss = trained.forward(*batch(ctx, step=step))
     loss.backward()
@@ -93,11 +90,11 @@ def memory_per_rank(
 
 
 def memory_per_optimizer(
-    ctx: RankContext, optimizers: list[str], impls: list[str], expected: list[str]
+    ctx: RankContext, optimizers: list[str], impls: list[str], expected: Expected
 ) -> dict[str, Any]:
     """With each optimizer, every implementation holds after one step exactly `zero_memory`'s bytes by category
-    for that optimizer; DDP's state per optimizer, on every rank, is the guide's lines (``expected``), which the
-    guide works out from the optimizer's state tensors."""
+    for that optimizer; DDP's state per optimizer, on every rank, is the guide's row for it (``expected``, optimizer
+    → its state), which the guide works out from the optimizer's state tensors."""
     params = parameters_of_tiny()
     state: dict[str, dict[str, int]] = {}
     for name in optimizers:
@@ -112,8 +109,9 @@ def memory_per_optimizer(
                           impl=impl, optimizer=name)  # fmt: skip
             state.setdefault(name, {})[impl] = got["optim"]
             del trained
-    lines = [f"{name}: {state[name]['ddp']:,} bytes of optimizer state on a DDP rank" for name in optimizers]
-    require_equal(lines, expected, reason="state-differs-from-guide", what="DDP's optimizer state per optimizer")
+    ddp_state = {name: f"{state[name]['ddp']:,} bytes of optimizer state on a DDP rank" for name in optimizers}
+    expected.require_values(ddp_state, reason="state-differs-from-guide", what="DDP's optimizer state per optimizer")
+    lines = [f"{name}: {said}" for name, said in ddp_state.items()]
     return {"state": state, "lines": lines, "psi": sum(p.numel for p in params), "tensors": len(params)}
 
 

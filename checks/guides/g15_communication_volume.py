@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from checks.expected import Expected
 from checks.models import comm_volume as cv
 from checks.naming import ROOT
 from checks.probes.comm import CommLog, record_comm
@@ -180,10 +181,10 @@ def _require_step(step: dict[str, Any], model: cv.Volume, index: int, strategy: 
 
 
 # -- claims ----------------------------------------------------------------------------------------------------
-def ddp_volume(ctx: RankContext, rebuild: list[str], bucket_cap_mb: float = 0.1) -> dict[str, Any]:
+def ddp_volume(ctx: RankContext, expected: Expected, bucket_cap_mb: float = 0.1) -> dict[str, Any]:
     """DDP's step is all-reduces of |θ| gradient elements in all: 2(N−1)/N·4|θ| ring-model bytes per rank, at steps
-    1 and 3; step 2 adds only the bucket rebuild's broadcasts (the guide's expect block), from ``_pre_forward``.
-    Smaller buckets change the number of all-reduces, not the bytes."""
+    1 and 3; step 2 adds only the bucket rebuild's broadcasts (``expected``: the guide's block, one broadcast per
+    row, in order), from ``_pre_forward``. Smaller buckets change the number of all-reduces, not the bytes."""
     model = expected_step("ddp", "gpt", ctx.world_size)
     steps = measure(ctx, "ddp")
     for i in (0, 2):
@@ -192,7 +193,7 @@ def ddp_volume(ctx: RankContext, rebuild: list[str], bucket_cap_mb: float = 0.1)
     broadcasts = [r for r in second["records"] if r[0] == "broadcast"]
     rest = [r for r in second["records"] if r[0] != "broadcast"]
     observed = [f"broadcast {numel} {dtype.removeprefix('torch.')}" for _, numel, dtype, _, _ in broadcasts]
-    require_equal(observed, rebuild, reason="rebuild-broadcasts", what="step 2's broadcasts")
+    expected.require_rows(observed, reason="rebuild-broadcasts", what="step 2's broadcasts")
     callers = sorted({(r[3], r[4].rsplit(":", 1)[-1]) for r in broadcasts})
     require_equal(callers, [(False, "DistributedDataParallel._pre_forward")], reason="rebuild-broadcasts",
                   what="(in backward, caller) of step 2's broadcasts")  # fmt: skip

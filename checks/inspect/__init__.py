@@ -2,7 +2,6 @@
 
 - `loading`: ``MODULE:CALLABLE`` to a factory, and a module built on the meta device (shared with ``estimate``);
 - `policy`: ``--wrap`` text to a policy description both the wrap model and torch read;
-- `tree`: an ``nn.Module`` as the wrap model's plain tree;
 - `predict`: what the torch-free models say one FSDP1 step does (torch-free);
 - `measure`: the same step run on the rank pool, measured by the probes (rank side);
 - `compare`: prediction against measurement, section by section.

@@ -22,18 +22,20 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from checks.guides.g06_backward_prefetch import HOOK_KINDS, recorded_post_forward
-from checks.guides.g20_auto_wrap import fsdp1_units, torch_policy
+from checks.guides.g06_backward_prefetch.backward_runs import HOOK_KINDS, recorded_post_forward
 from checks.inspect import loading
 from checks.inspect.predict import DDP, FSDP1, FSDP2, REFERENCE, group_paths, modes, relative_name
-from checks.inspect.tree import classes_of, module_paths, tree_of
 from checks.naming import ROOT, clean
-from checks.probes import record_comm, record_events
+from checks.probes.built_units import fsdp1_units
+from checks.probes.comm import record_comm
+from checks.probes.events import record_events
 from checks.probes.grad_ready import ready_order, record_grad_ready
 from checks.probes.memory import snapshot
 from checks.probes.memory_series import record_memory_series
 from checks.ranks.context import RankContext
 from checks.workloads.data_parallel import make
+from checks.workloads.module_tree import classes_of, module_paths, tree_of
+from checks.workloads.wrap_policies import torch_policy
 
 LR = 1e-3
 
@@ -105,10 +107,10 @@ def _layout(wrapped: nn.Module) -> dict[str, dict[str, int]]:
 
 
 def diagrams(wrapped: nn.Module, ctx: RankContext) -> dict[str, dict[str, Any]]:
-    """Each unit's flat parameter as guide 12's layout diagram reads it (`checks.guides.g12_flat_parameter`)."""
+    """Each unit's flat parameter as guide 12's layout diagram reads it (`checks.guides.g12_flat_parameter.layout`)."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    from checks.guides.g12_flat_parameter import real_layout
+    from checks.guides.g12_flat_parameter.layout import real_layout
     from checks.naming import unit_name
 
     return {
@@ -196,9 +198,9 @@ def _reference(ctx: RankContext, spec: str, build: Callable[[], Any], make_batch
     step's collectives and its gradients against DDP's."""
     from functools import partial
 
-    from checks.guides.g20_auto_wrap import model_policy
     from checks.models import wrap as wm
     from checks.workloads.data_parallel import Trained, held_bytes
+    from checks.workloads.wrap_policies import model_policy
     from checks.zero import STAGES
 
     def engine() -> Any:
@@ -243,7 +245,7 @@ def post_forward_order(model: nn.Module) -> list[str]:
         return recorded_post_forward(model)[0]
     if not isinstance(model, FSDPModule):
         return []
-    from checks.guides.g17_fsdp2_prefetch import torch_post_forward_order
+    from checks.guides.g17_fsdp2_prefetch.steps import torch_post_forward_order
 
     return torch_post_forward_order(model)
 
@@ -254,8 +256,8 @@ def _fsdp2(model: nn.Module, ctx: RankContext, spec: dict[str, Any] | None, resh
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from checks.guides.g20_auto_wrap import model_policy
     from checks.models import wrap as wm
+    from checks.workloads.wrap_policies import model_policy
 
     units = wm.wrap(tree_of(model), model_policy(spec)).units
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
@@ -273,8 +275,8 @@ def _units(wrapped: nn.Module) -> dict[str, dict[str, Any]]:
         return fsdp1_units(wrapped)
     from torch.distributed.fsdp import FSDPModule
 
-    from checks.guides.g20_auto_wrap import fsdp2_group
     from checks.naming import unit_name
+    from checks.probes.built_units import fsdp2_group
 
     out = {}
     for path, module in wrapped.named_modules():
@@ -351,7 +353,7 @@ def steady_step(ctx: RankContext, wrapped: nn.Module, optim: Any, make_batch: Ca
         "post_forward": [u for u in order if u != ROOT],
     }
     if is_ddp:
-        from checks.guides.g19_ddp_buckets import reducer_buckets
+        from checks.guides.g19_ddp_buckets.ddp_runs import reducer_buckets
 
         out["ready"] = ready_order(ready, 1)
         out["buckets"] = reducer_buckets(wrapped)

@@ -1,5 +1,5 @@
 """``--wrap`` text to a policy description (the ``{"kind": ...}`` dicts guide 20's claims use), which
-`checks.models.wrap` reads as its model of the policy and ``checks.guides.g20_auto_wrap.torch_policy`` builds as
+`checks.models.wrap` reads as its model of the policy and ``checks.workloads.wrap_policies.torch_policy`` builds as
 torch's. Torch-free.
 
 - ``none``: no policy, the whole model one unit;

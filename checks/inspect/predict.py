@@ -5,7 +5,7 @@ by category after a step (`checks.models.zero_memory`), the step's collectives (
 the backward prefetches (FSDP1 per mode, `checks.models.prefetch`; FSDP2's implicit one,
 `checks.models.fsdp2_prefetch`). Under DDP (and DDP with ZeroRedundancyOptimizer) there are no units: the
 gradient buckets (`checks.models.ddp_buckets`) take their place, and the optimizer's partition of parameters
-(`checks.models.zero_partition`). Torch-free: the input is the plain tree `checks.inspect.tree.tree_of` reads,
+(`checks.models.zero_partition`). Torch-free: the input is the plain tree `checks.workloads.module_tree.tree_of` reads,
 each parameter's shape and each buffer's size.
 
 FSDP2 shards the modules FSDP1's policy would make units, with one ``fully_shard`` call each in the wrap's build

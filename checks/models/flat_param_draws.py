@@ -2,7 +2,7 @@
 
 A *unit* is one module that FSDP1 wraps whole, so it gets one ``FlatParameter``. It is drawn here, in the pytest
 process, as a dict of ints, strs and bools (picklable, printable, shrinkable), sent to the rank pool as one
-request, and built there by `checks.guides.g12_flat_parameter.build_unit` with the same values on every rank.
+request, and built there by `checks.workloads.drawn_unit.build_unit` with the same values on every rank.
 Nothing here imports torch: the spec (`checks.models.flat_param`) is the expected value, and this module only
 says which parameters a drawn unit has, in the order FSDP walks them.
 
@@ -24,7 +24,7 @@ A unit::
 Frozen parameters (``requires_grad=False``) appear only with ``use_orig_params=True``: without it FSDP refuses a
 flat parameter that mixes them (spec rule 8). Every unit has at least one trainable parameter with elements, so
 a flat parameter can be built (rule 5) and an optimizer has something to step. LayerNorm widths are even, so the
-checks can feed it rows of ±1 that it normalises exactly (see the guide module).
+checks can feed it rows of ±1 that it normalises exactly (see `checks.workloads.drawn_unit`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from checks.models.flat_param import FlatParamSpec, Param, flat_param
 
 KINDS = ("linear", "embedding", "layernorm", "bare", "tied")
 PARAM_DTYPES = ("float32", "bfloat16")
-MAX_DIM = 5  # small sides keep every example's model tiny and its values exact (the guide module says why)
+MAX_DIM = 5  # small sides keep every example's model tiny and its values exact (`checks.workloads.drawn_unit` says why)
 
 
 def _dims(low: int = 0) -> st.SearchStrategy[int]:

@@ -3,7 +3,7 @@
 A *model* is a root module with bare parameters ``w0, w1, …`` and, optionally, one child ``c`` with its own
 ``c.w0, …``; ``fully_shard`` is applied to the child (when there is one) and to the root, so a model has one or
 two parameter groups, each with its own all-gather. It is drawn in the pytest process as a dict of ints and
-strs, sent to the rank pool as one request, and built there by `checks.guides.g16_fsdp2_per_parameter_sharding`
+strs, sent to the rank pool as one request, and built there by `checks.workloads.drawn_fsdp2`
 with the same values on every rank. Nothing here imports torch.
 
 A model::

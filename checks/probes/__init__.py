@@ -5,8 +5,10 @@ Three lines record one training step::
     with record_comm() as comm, record_events(model) as events, account_memory(model, optim) as mem:
         loss = model(x).sum(); loss.backward(); optim.step()
 
-or, the same in one line, ``with record_step(model, optim) as step:`` (``step.comm``, ``step.events``,
-``step.memory``). Every record can be returned from the rank and compared across ranks (``.keys()``).
+or, the same in one line, ``with record_step(model, optim) as step:`` (`step`; ``step.comm``, ``step.events``,
+``step.memory``). Every record can be returned from the rank and compared across ranks (``.keys()``). Import
+each from its module (``from checks.probes.comm import record_comm``): this ``__init__`` imports nothing, so a
+check pays only for the probes it uses.
 
 Collectives:
 - `comm`: ``record_comm`` records every collective at the dispatcher (a kernel at the collective operators'
@@ -42,67 +44,18 @@ Watching a torch function (did it run, with which arguments, what did it return)
   built on it.
 - `checks.ranks.marks` is runtime evidence itself (which functions ran: a mark on each one's first call). The pool
   runs it around every check from the claim's ``evidence = [...]``; a check does not call it.
-- `checks.ranks.tracing` (one shared ``sys.settrace``) does only what a code swap cannot: watch a generator or a
-  coroutine, or watch without putting a frame between a function and its caller (a ``warnings.warn`` with a
-  ``stacklevel`` inside it must point where it points unwatched: guide 09). It is also `marks`' fallback on an
-  interpreter whose bytecode `marks` cannot write. It takes the same hooks as `calls`.
+- `checks.ranks.tracing` (one shared ``sys.settrace``) does only what a code swap cannot, and a check that needs
+  it says which: read a function's own locals when it returns (the hooks of `calls` see the trampoline's frame,
+  whose locals are the arguments: guide 08 reads ``_reduce_grad``'s reduced shard); watch without putting a frame
+  between a function and its caller (a ``warnings.warn`` with a ``stacklevel`` inside it must point where it
+  points unwatched: guide 09); watch whatever function a module's name holds now, a break-it replacement
+  included (``calls.function_code`` unwraps to the original, which a replacement may never call: guide 18); and
+  generators or coroutines. It is also `marks`' fallback on an interpreter whose bytecode `marks` cannot write.
+  It takes the same hooks as `calls`. A C function (autograd's ``queue_callback``) is seen by neither: guide 07
+  adds a ``sys.setprofile`` for it.
 
 What each costs on a step: ``pytest benchmarks/test_probes_overhead.py`` (ratios to a bare step in its
 ``extra_info``); where the time goes: ``tests.probes.on_ranks:mini_gpt_profile`` (cProfile of probed steps).
 
 May import: ranks.
 """
-
-from __future__ import annotations
-
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-
-import torch
-from torch import nn
-
-from checks.probes.comm import Collective, CommLog, UnrecordedCollectives, record_comm
-from checks.probes.events import EventLog, FsdpEvent, RecorderFailed, record_events
-from checks.probes.expect import SequenceMismatch, assert_sequence
-from checks.probes.memory import MemoryAccount, MemorySnapshot, account_memory, snapshot
-
-__all__ = [
-    "Collective",
-    "CommLog",
-    "EventLog",
-    "FsdpEvent",
-    "MemoryAccount",
-    "MemorySnapshot",
-    "RecorderFailed",
-    "SequenceMismatch",
-    "StepRecord",
-    "UnrecordedCollectives",
-    "account_memory",
-    "assert_sequence",
-    "record_comm",
-    "record_events",
-    "record_step",
-    "snapshot",
-]
-
-
-@dataclass
-class StepRecord:
-    comm: CommLog
-    events: EventLog
-    memory: MemoryAccount
-
-
-@contextmanager
-def record_step(
-    model: nn.Module, optim: torch.optim.Optimizer | None = None, *, crosscheck: bool = True, peaks: bool = False
-) -> Iterator[StepRecord]:
-    """All three probes around one block: ``with record_step(model, optim) as step: ...`` (``peaks=True`` adds
-    the memory trackers' peaks; see `account_memory`)."""
-    with (
-        record_comm(crosscheck=crosscheck) as comm,
-        record_events(model) as events,
-        account_memory(model, optim, peaks=peaks) as memory,
-    ):
-        yield StepRecord(comm, events, memory)

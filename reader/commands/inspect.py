@@ -69,7 +69,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         meta, shapes, buffers = _structure(args.model)
         spec = _policy(args.wrap, meta)
         tree = _tree(meta)
-        from checks.guides.g20_auto_wrap import model_policy
+        from checks.workloads.wrap_policies import model_policy
 
         strategy = cost.strategy_name(args.strategy or "full-shard")
         if args.meta:
@@ -123,7 +123,7 @@ def _structure(spec: str) -> tuple[Any, dict[str, tuple[int, ...]], list[Any]]:
 
 
 def _policy(text: str, model: Any) -> dict[str, Any] | None:
-    from checks.inspect.tree import classes_of
+    from checks.workloads.module_tree import classes_of
 
     spec = policy.parse_wrap(text)
     available = classes_of(model)
@@ -134,7 +134,7 @@ def _policy(text: str, model: Any) -> dict[str, Any] | None:
 
 
 def _tree(model: Any) -> Any:
-    from checks.inspect.tree import tree_of
+    from checks.workloads.module_tree import tree_of
 
     return tree_of(model)
 

@@ -93,7 +93,7 @@ def expect_blocks(fences: Sequence[Fence], context: BodyContext) -> Iterator[Exp
             found = _fence_scope(named, context, "```expect <name> <shape> [torch >=2.15]")
         except _BadScope:
             continue
-        if found is None:
+        if found is None or shape is None:
             context.problem(
                 start,
                 f"an expect block has a name and a shape, got `{fence.info}`",
@@ -114,7 +114,7 @@ def expect_blocks(fences: Sequence[Fence], context: BodyContext) -> Iterator[Exp
         items = tuple(line.rstrip() for line in textwrap.dedent(fence.content).split("\n") if line.strip())
         if not items:
             context.problem(start, f"expect block `{name}` is empty", "write one expected row per line")
-        expected = expected_rows(name, shape, fence, context) if shape and items else None
+        expected = expected_rows(name, shape, fence, context) if items else None
         yield ExpectBlock(name, items, start, fence.end, versions, shape, expected)
 
 
@@ -129,7 +129,7 @@ def check_block_references(guide: Guide, regions: Sequence[Region], problems: Pr
                     claim.line,
                     f"claim `{claim.id}` takes `{key}` from expect block `{name}`, which this guide does not have",
                     did_you_mean(name, names)
-                    or f"add a fence ```expect {name} to the prose, one expected item per line",
+                    or f"add a fence ```expect {name} <shape> to the prose (lines, pairs, mapping or table)",
                 )
 
 

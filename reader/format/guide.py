@@ -155,16 +155,17 @@ class SourceBlock:
 
 @dataclass(frozen=True)
 class ExpectBlock:
-    """A ```` ```expect <name> ```` fence: data the prose states (one item per non-blank line) that a claim's check
-    receives as its expected value, so what the guide says and what is checked are one text."""
+    """A ```` ```expect <name> <shape> ```` fence: data the prose states, rows of a shape, that a claim's check
+    receives as its expected value (`expected`), so what the guide says and what is checked are one text."""
 
     name: str
-    items: tuple[str, ...]
+    items: tuple[str, ...]  # the non-blank lines as written, less the block's indent: what a reader is shown
     start: int
     end: int
     torch: SpecifierSet | None = None  # ```expect <name> [torch >=2.15]: what a claim expects on these releases
     shape: str | None = None  # ```expect <name> <shape>: lines, pairs, mapping or table
-    expected: Expected | None = field(default=None, compare=False)  # the typed rows a claim's check receives
+    # The typed rows a claim's check receives; None only in a guide with problems, which never reaches a check.
+    expected: Expected | None = field(default=None, compare=False)
 
     def applies_to(self, torch_version: str | None) -> bool:
         return self.torch is None or version_admitted(self.torch, torch_version)
@@ -174,7 +175,7 @@ class ExpectBlockUnavailable(ValueError):
     """A claim names an expect block that has no version for this torch, or more than one."""
 
 
-BLOCK_REFERENCE = "expect"  # a kwarg written { expect = "<block name>" } receives that block's items
+BLOCK_REFERENCE = "expect"  # a kwarg written { expect = "<block name>" } receives that block's typed rows
 
 
 def block_reference(value: Any) -> str | None:
@@ -233,7 +234,8 @@ class Guide:
         return found
 
     def claim_kwargs(self, claim: ClaimSpec) -> dict[str, Any]:
-        """The claim's kwargs with every ``{ expect = "<name>" }`` replaced by that block's items (a list)."""
+        """The claim's kwargs with every ``{ expect = "<name>" }`` replaced by that block's typed rows
+        (`checks.expected.Expected`)."""
         blocks = self.expect_blocks(self.read_on)
         resolved = {}
         for key, value in claim.kwargs.items():
@@ -244,11 +246,7 @@ class Guide:
                     f"has no version for torch {self.read_on}: scope the claim (`torch = ...`) to the releases "
                     "the block holds for, or write the block for this torch too"
                 )
-            if name is None:
-                resolved[key] = value
-            else:
-                block = blocks[name]
-                resolved[key] = block.expected if block.expected is not None else list(block.items)
+            resolved[key] = blocks[name].expected if name is not None else value
         return resolved
 
     def on(self, torch_version: str | None) -> Guide:

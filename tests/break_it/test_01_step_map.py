@@ -12,6 +12,7 @@ from checks.guides.g01_step_map import (
     reshard_twice_on_rank_1,
 )
 from checks.guides.g03_unshard_reshard import reshard_everything
+from tests.break_it.conftest import named_rows
 
 RU = "torch.distributed.fsdp._runtime_utils"
 FSDP_FORWARD = "torch.distributed.fsdp.fully_sharded_data_parallel:FullyShardedDataParallel.forward"
@@ -23,6 +24,8 @@ def test_no_backward_prefetch_changes_the_timeline(broken) -> None:
     assert run.reason == "timeline-differs"
     expected, observed = run.details["expected"], run.details["observed"]
     assert "backward root prefetch blocks.2 (all-gather)" in expected and not any("prefetch" in o for o in observed)
+    # The first row the step without prefetch makes false: the root's pre-backward hook prefetches nothing.
+    assert named_rows(run) == [("step", "backward  root      prefetch blocks.2 (all-gather)")]
 
 
 @pytest.mark.breaks("01-step-map", "one-step-timeline")
@@ -32,6 +35,7 @@ def test_freeing_the_root_after_forward_changes_the_timeline(broken) -> None:
     assert run.reason == "timeline-differs"
     assert "forward root reshard, free" in run.details["observed"]
     assert "forward root reshard, free" not in run.details["expected"]
+    assert named_rows(run) == [("step", "forward   root      reshard, keep")]
 
 
 @pytest.mark.breaks("01-step-map", "same-on-every-rank")

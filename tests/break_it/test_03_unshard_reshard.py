@@ -1,5 +1,7 @@
 """Guide 03: bend unshard and reshard and watch the claims fail."""
 
+from dataclasses import replace
+
 import pytest
 
 from checks.breakit.patches import replacing, set_to, wrapping
@@ -18,6 +20,7 @@ from checks.guides.g03_unshard_reshard import (
     unshard_consulting_the_queue_in_iteration_1,
 )
 from checks.workloads.gpt import padded_sizes
+from tests.break_it.conftest import guides, named_rows
 
 RU = "torch.distributed.fsdp._runtime_utils"
 FP = "torch.distributed.fsdp._flat_param"
@@ -67,9 +70,12 @@ def test_a_second_all_gather_per_unit_is_caught(broken) -> None:
 
 @pytest.mark.breaks("03-unshard-reshard", "one-all-gather-per-unit")
 def test_a_guide_listing_the_blocks_out_of_order_fails(broken) -> None:
+    block = guides()["03-unshard-reshard"].expect_blocks()["forward-all-gathers"].expected
+    root, blocks_0, blocks_1, blocks_2 = block.rows
+    run = broken(expected=replace(block, rows=(root, blocks_1, blocks_0, blocks_2)))
     stated = ["root 3528", "blocks.1 16020", "blocks.0 16020", "blocks.2 16020"]
-    run = broken(expected=stated)
     assert (run.reason, run.details["observed"]) == ("guide-differs-from-model", stated)
+    assert named_rows(run) == [("forward-all-gathers", "blocks.1"), ("forward-all-gathers", "blocks.0")]
 
 
 @pytest.mark.breaks("03-unshard-reshard", "reshard-clears-prefetched")
@@ -172,6 +178,8 @@ def test_blocks_gathered_out_of_order_are_caught(broken) -> None:
     run = broken(GATHER_BLOCKS_1_FIRST)
     assert (run.reason, run.details["expected"]) == ("all-gathers-by-unit", IN_ORDER)
     assert run.details["observed"] == ["root 3528", "blocks.1 16020", "blocks.0 16020", "blocks.2 16020"]
+    # The first row the run makes false: blocks.0 is not the second all-gather.
+    assert named_rows(run) == [("forward-all-gathers", "blocks.0")]
 
 
 @pytest.mark.breaks("03-unshard-reshard", "one-all-gather-per-unit")
@@ -180,6 +188,7 @@ def test_a_block_gathered_twice_and_one_never_is_caught(broken) -> None:
     run = broken(*GATHER_BLOCKS_0_TWICE)
     assert (run.reason, run.details["forward"]) == ("all-gathers-by-unit", 2)
     assert run.details["observed"] == ["root 3528", "blocks.0 16020", "blocks.0 16020", "blocks.2 16020"]
+    assert named_rows(run) == [("forward-all-gathers", "blocks.1")]  # never gathered in forward 2
 
 
 @pytest.mark.breaks("03-unshard-reshard", "one-all-gather-per-unit-at-4")

@@ -1,5 +1,7 @@
 """Guide 04: bend forward prefetch and watch the claims fail."""
 
+from dataclasses import replace
+
 import pytest
 
 from checks.breakit.patches import returning, wrapping
@@ -12,9 +14,15 @@ from checks.guides.g04_forward_prefetch import (
     prefetch_two_ahead,
     unshard_even_if_prefetched,
 )
+from tests.break_it.conftest import guides, named_rows
 
 RU = "torch.distributed.fsdp._runtime_utils"
 EOD = "torch.distributed.fsdp._exec_order_utils:_ExecOrderData"
+
+
+def block(name: str):
+    """The guide's expect block ``name`` as its checks receive it."""
+    return guides()["04-forward-prefetch"].expect_blocks()[name].expected
 
 
 @pytest.mark.breaks("04-forward-prefetch", "no-prefetch-in-iteration-1")
@@ -35,14 +43,17 @@ def test_prefetching_two_ahead_is_caught(broken) -> None:
     run = broken(wrapping(f"{EOD}.get_handle_to_forward_prefetch", prefetch_two_ahead))
     assert run.reason == "prefetch-order"
     assert run.details["observed"][0] == "root -> blocks.1"
+    assert named_rows(run) == [("forward-prefetches", "root")]
 
 
 @pytest.mark.breaks("04-forward-prefetch", "follows-iteration-1-order")
 def test_a_guide_that_states_another_order_fails(broken) -> None:
-    stated = ["root -> blocks.0", "blocks.0 -> blocks.2"]
-    run = broken(stated=stated)
+    root, blocks_0, _ = block("forward-prefetches").rows
+    skipping = replace(blocks_0, text="blocks.0  -> blocks.2", value="blocks.2", cells=("blocks.0", "blocks.2"))
+    run = broken(expected=replace(block("forward-prefetches"), rows=(root, skipping)))
     assert run.reason == "order-differs-from-guide"
-    assert run.details["expected"] == stated
+    assert run.details["expected"] == ["root -> blocks.0", "blocks.0 -> blocks.2"]
+    assert named_rows(run) == [("forward-prefetches", "blocks.0")]
 
 
 @pytest.mark.breaks("04-forward-prefetch", "stale-order-after-change")
@@ -58,6 +69,7 @@ def test_no_prefetch_holds_nothing_extra(broken) -> None:
     assert (run.reason, run.details["prefetch"]) == ("held-differs", "with")
     assert run.details["observed"]["blocks.0"] == ["root", "blocks.0"]
     assert run.details["expected"]["blocks.0"] == ["root", "blocks.0", "blocks.1"]
+    assert named_rows(run) == [("held-with-prefetch", unit) for unit in ("root", "blocks.0", "blocks.1")]
 
 
 @pytest.mark.breaks("04-forward-prefetch", "prefetch-holds-next-unit")
@@ -71,12 +83,7 @@ def test_prefetching_two_ahead_holds_the_wrong_unit(broken) -> None:
 def test_a_record_that_waits_for_next_iter_is_caught(broken) -> None:
     run = broken(wrapping(f"{EOD}.get_handle_to_forward_prefetch", forward_target_after_next_iter))
     assert (run.reason, run.details["forward"], run.details["observed"]) == ("prefetch-order", 2, [])
-
-
-WITHOUT_PREFETCH = [
-    "compute root 2", "compute blocks.2 3", "post-backward blocks.2 2", "compute blocks.1 3",
-    "post-backward blocks.1 2", "compute blocks.0 2", "post-backward blocks.0 1", "post-backward root 0",
-]  # fmt: skip
+    assert named_rows(run) == [("forward-prefetches", "root")]
 
 
 @pytest.mark.breaks("04-forward-prefetch", "prefetch-reorders-backward")
@@ -100,12 +107,18 @@ def test_units_never_freed_in_backward_are_counted(broken) -> None:
     run = broken(returning(f"{RU}:_should_free_in_backward", False))
     assert (run.reason, run.details["prefetch"]) == ("units-alive", "with")
     assert dict(run.details["observed"])["post-backward blocks.2"] == 4
+    # Every moment from blocks.2's post-backward hook on holds more than the guide's row: nothing was freed.
+    freed_from = ["post-backward blocks.2", "compute blocks.0", "post-backward blocks.1", "post-backward blocks.0",
+                  "post-backward root"]  # fmt: skip
+    assert named_rows(run) == [("backward-alive-with-prefetch", moment) for moment in freed_from]
 
 
 @pytest.mark.breaks("04-forward-prefetch", "prefetch-reorders-backward")
 def test_a_guide_table_without_the_reordering_fails(broken) -> None:
-    run = broken(with_prefetch=WITHOUT_PREFETCH)
+    run = broken(with_prefetch=block("backward-alive-without-prefetch"))
     assert (run.reason, run.details["prefetch"]) == ("table-differs-from-model", "with")
+    # The first row where the model, with forward prefetch, computes blocks.1 before blocks.2's post-backward.
+    assert named_rows(run) == [("backward-alive-without-prefetch", "post-backward blocks.2")]
 
 
 @pytest.mark.breaks("04-forward-prefetch", "prefetch-holds-next-unit")
@@ -122,3 +135,4 @@ def test_a_prefetch_freed_during_compute_is_caught(broken) -> None:
         ["root", "blocks.0"],
         ["root", "blocks.0", "blocks.1"],
     )
+    assert named_rows(run) == [("held-with-prefetch", "blocks.0")]

@@ -5,7 +5,7 @@ another order."""
 import pytest
 
 from checks.breakit.patches import returning, wrapping
-from checks.guides.g06_backward_prefetch import (
+from checks.guides.g06_backward_prefetch.recipes import (
     candidate_always_needed,
     hold_pre_backward_prefetch,
     issue_held_prefetch,
@@ -21,12 +21,18 @@ from checks.guides.g06_backward_prefetch import (
     wrap_around_needed,
     wrap_around_to_last,
 )
+from tests.break_it.conftest import named_rows
 
 RU = "torch.distributed.fsdp._runtime_utils"
 EOU = "torch.distributed.fsdp._exec_order_utils:_ExecOrderData"
 TARGET = f"{EOU}.get_handle_to_backward_prefetch"
 TWO_BACK = wrapping(TARGET, prefetch_two_back)
 NO_CANDIDATE = returning(TARGET, None)
+# The units-alive table's rows.
+MOMENTS = [
+    "compute root", "compute blocks.2", "post-backward blocks.2", "compute blocks.1", "post-backward blocks.1",
+    "compute blocks.0", "post-backward blocks.0", "post-backward root",
+]  # fmt: skip
 HELD_UNTIL_AFTER_COMPUTE = (
     wrapping(f"{RU}:_prefetch_handle", hold_pre_backward_prefetch),
     wrapping(f"{RU}:_post_backward_hook", issue_held_prefetch),
@@ -46,6 +52,7 @@ def test_prefetching_two_units_back_is_caught(broken) -> None:
     run = broken(TWO_BACK)
     assert run.reason == "prefetch-order"
     assert run.details["observed"] == ["root→blocks.1", "blocks.2→blocks.0"]
+    assert named_rows(run) == [("pre-prefetches", "root")]
 
 
 @pytest.mark.breaks("06-backward-prefetch", "pre-prefetches-reverse-post-forward")
@@ -74,6 +81,7 @@ def test_an_extra_prefetch_is_caught(broken) -> None:
     run = broken(wrapping(TARGET, wrap_around_needed))
     assert run.reason == "prefetch-order"
     assert run.details["observed"] == ["blocks.2→blocks.1", "blocks.1→blocks.0", "blocks.0→root"]
+    assert named_rows(run) == [("post-prefetches", "blocks.1")]  # the last row: the extra one comes after it
 
 
 @pytest.mark.breaks("06-backward-prefetch", "post-prefetches-after-free")
@@ -90,6 +98,7 @@ def test_a_different_candidate_is_caught_even_when_no_prefetch_changes(broken) -
     run = broken(wrapping(TARGET, wrap_around_to_last))
     assert run.reason == "candidates-differ"
     assert run.details["observed"][2] == ["blocks.0", "root", "unsharded already"]
+    assert named_rows(run) == [("post-candidates", "blocks.0")]
 
 
 @pytest.mark.breaks("06-backward-prefetch", "post-prefetches-after-free")
@@ -147,6 +156,9 @@ def test_units_never_freed_in_backward_are_caught(broken) -> None:
     run = broken(returning(f"{RU}:_should_free_in_backward", False))
     assert (run.reason, run.details["mode"]) == ("units-alive", "BACKWARD_PRE")
     assert run.details["observed"]["post-backward blocks.2"] == 3
+    # Every row from blocks.2's post-backward hook on: nothing is freed, so each later moment holds more.
+    rows = named_rows(run)
+    assert rows == [("units-alive", moment) for moment in MOMENTS[MOMENTS.index("post-backward blocks.2") :]]
 
 
 @pytest.mark.breaks("06-backward-prefetch", "units-alive")
@@ -154,6 +166,8 @@ def test_a_prefetch_two_back_holds_four_units(broken) -> None:
     run = broken(TWO_BACK)
     assert (run.reason, run.details["mode"]) == ("units-alive", "BACKWARD_PRE")
     assert run.details["observed"]["compute blocks.2"] == 4
+    # blocks.0, prefetched two back by the root, is held while blocks.2 computes and until its post-backward hook.
+    assert named_rows(run) == [("units-alive", "compute blocks.2"), ("units-alive", "post-backward blocks.2")]
 
 
 @pytest.mark.breaks("06-backward-prefetch", "collective-order")
@@ -161,6 +175,7 @@ def test_a_post_backward_prefetch_after_the_reduce_scatter_is_caught(broken) -> 
     run = broken(wrapping(f"{RU}:_post_backward_hook", post_prefetch_after_reduce))
     assert (run.reason, run.details["mode"]) == ("collective-order", "BACKWARD_POST")
     assert run.details["observed"] == "AG RS AG RS AG RS RS"
+    assert named_rows(run) == [("collective-order", "BACKWARD_POST")]
 
 
 @pytest.mark.breaks("06-backward-prefetch", "collective-order")
@@ -189,6 +204,7 @@ def test_a_record_that_does_not_grow_is_caught(broken) -> None:
     run = broken(wrapping(f"{EOU}.record_post_forward", record_first_use_only))
     assert run.reason == "record-length"
     assert (run.details["observed"], run.details["expected"]) == (4, 8)
+    assert named_rows(run) == [("eval-record-lengths", "2")]
 
 
 @pytest.mark.breaks("06-backward-prefetch", "eval-record-grows")

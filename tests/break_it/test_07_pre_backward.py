@@ -1,10 +1,12 @@
 """Guide 07: bend the pre-backward hook and watch its claims fail: hooks on the wrong outputs, a guard that lets
 calls through, the final callback queued twice, never, or queued and never run."""
 
+from dataclasses import replace
+
 import pytest
 
 from checks.breakit.patches import skipping, wrapping
-from checks.guides.g07_pre_backward import (
+from checks.guides.g07_pre_backward.recipes import (
     any_unit_queues,
     hook_every_float_output,
     hook_first_output_only,
@@ -16,6 +18,7 @@ from checks.guides.g07_pre_backward import (
     without_guard,
     without_guard_or_state_check,
 )
+from tests.break_it.conftest import guides, named_rows
 
 RU = "torch.distributed.fsdp._runtime_utils"
 PREPARE = "torch.distributed.fsdp._flat_param:FlatParamHandle.prepare_gradient_for_backward"
@@ -27,6 +30,7 @@ def test_two_hooks_per_output_are_caught(broken) -> None:
     run = broken(wrapping(f"{RU}:_register_pre_backward_hooks", hook_twice))
     assert run.reason == "pre-backward-calls"
     assert run.details["observed"] == {"root": 4, "mixed": 2, "pair": 4, "frozen": 0}
+    assert named_rows(run) == [("pre-backward-calls", unit) for unit in ("root", "mixed", "pair")]
 
 
 @pytest.mark.breaks("07-pre-backward", "once-per-handle-per-backward")
@@ -35,18 +39,20 @@ def test_a_guard_that_lets_every_call_through_is_caught(broken) -> None:
     run = broken(wrapping(f"{RU}:_pre_backward_hook", without_guard_or_state_check))
     assert run.reason == "pre-backward-work"
     assert run.details["observed"]["pair"] == [True, True] and run.details["expected"]["pair"] == [True, False]
+    assert named_rows(run) == [("pre-backward-calls", "root"), ("pre-backward-calls", "pair")]  # two calls each
 
 
 @pytest.mark.breaks("07-pre-backward", "once-per-handle-per-backward")
 def test_the_order_of_the_calls_is_the_blocks_row_order(broken) -> None:
     # The expect block's rows are in call order: the same counts listed with `pair` before `mixed` (as if autograd
     # reached `pair` first) fail on the order alone, however the run went.
-    rows = ["root    2 calls, 1 past the guard", "pair    2 calls, 1 past the guard",
-            "mixed   1 call, 1 past the guard", "frozen  0 calls, 0 past the guard"]  # fmt: skip
-    run = broken(expected=rows)
+    block = guides()["07-pre-backward"].expect_blocks()["pre-backward-calls"].expected
+    root, mixed, pair, frozen = block.rows
+    run = broken(expected=replace(block, rows=(root, pair, mixed, frozen)))
     assert run.reason == "pre-backward-order"
     assert run.details["observed"] == ["root", "root", "mixed", "pair", "pair"]
     assert run.details["expected"] == ["root", "root", "pair", "pair", "mixed"]
+    assert named_rows(run) == [("pre-backward-calls", "pair")]  # the third call was not `pair`'s
 
 
 @pytest.mark.breaks("07-pre-backward", "once-per-handle-per-backward")
@@ -71,6 +77,7 @@ def test_hooks_on_outputs_that_require_no_grad_are_caught(broken) -> None:
     observed = run.details["observed"]
     # Only the integer argmax escapes: torch cannot make it require grad.
     assert observed["mixed"] == ["hooked", "hooked", "none", "hooked"] and observed["frozen"] == ["hooked"]
+    assert named_rows(run) == [("hooked-outputs", "mixed"), ("hooked-outputs", "frozen")]
 
 
 @pytest.mark.breaks("07-pre-backward", "hooked-where-grad-is-required")
@@ -78,6 +85,7 @@ def test_a_hook_on_the_first_output_only_is_caught(broken) -> None:
     run = broken(wrapping(f"{RU}:_register_pre_backward_hooks", hook_first_output_only))
     assert run.reason == "hooked-outputs"
     assert run.details["observed"]["pair"] == ["hooked", "none"] and run.details["observed"]["root"][1] == "none"
+    assert named_rows(run) == [("hooked-outputs", "root"), ("hooked-outputs", "pair")]
 
 
 @pytest.mark.breaks("07-pre-backward", "hooked-where-grad-is-required")
@@ -85,6 +93,7 @@ def test_a_unit_marked_for_unshard_without_hooked_outputs_is_caught(broken) -> N
     run = broken(wrapping(f"{RU}:_register_pre_backward_hooks", mark_every_unit_for_unshard))
     assert run.reason == "needs-unshard-flag"
     assert run.details["observed"]["frozen"] is True and run.details["expected"]["frozen"] is False
+    assert named_rows(run) == [("hooked-outputs", "frozen")]
 
 
 @pytest.mark.breaks("07-pre-backward", "root-queues-once")

@@ -4,7 +4,7 @@ doubled collectives, a lost accumulation, the wrong dtype."""
 import pytest
 
 from checks.breakit.patches import returning, skipping, wrapping
-from checks.guides.g08_post_backward_reduce_scatter import (
+from checks.guides.g08_post_backward_reduce_scatter.recipes import (
     clip_twice_on_rank_1,
     clip_without_all_reduce,
     clip_without_the_clamp,

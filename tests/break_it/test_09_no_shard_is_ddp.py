@@ -1,10 +1,13 @@
 """Guide 09: bend NO_SHARD's reduction and its choice, and watch the claims fail."""
 
+from dataclasses import replace
+
 import pytest
 
 from checks.breakit.patches import replacing, skipping, wrapping
-from checks.guides.g09_no_shard_is_ddp import (
-    REDUCER,
+from checks.expected import Expected
+from checks.guides.g09_no_shard_is_ddp.all_reduces import REDUCER
+from checks.guides.g09_no_shard_is_ddp.recipes import (
     divide_for_the_shard_group_only,
     flatten_as_if_alone,
     init_core_state_naming_the_def_line,
@@ -16,6 +19,7 @@ from checks.guides.g09_no_shard_is_ddp import (
     reduce_with_all_reduce_twice,
     reduce_without_all_reduce,
 )
+from tests.break_it.conftest import guides, named_rows
 
 RU = "torch.distributed.fsdp._runtime_utils"
 IU = "torch.distributed.fsdp._init_utils"
@@ -26,6 +30,20 @@ ALL_REDUCE_TWICE = wrapping(REDUCER, reduce_with_all_reduce_twice)
 SHARDED_HANDLE = replacing(f"{IU}:SHARDING_STRATEGY_MAP", map_no_shard_to, strategy="FULL_SHARD")
 SIZES = [16020, 16020, 16020, 3528]
 UNPADDED_NO_SHARD = wrapping(f"{FP}:FlatParamHandle._init_flat_param_and_metadata", flatten_as_if_alone)
+GUIDE = "09-no-shard-is-ddp"
+
+
+def quoted(block: str) -> Expected:
+    """The guide's expect block quoting one warning (its one row's key is the warning's text)."""
+    guide = guides()[GUIDE]
+    return guide.expect_blocks(guide.read_on)[block].expected
+
+
+def misquoted(block: str, text: str) -> Expected:
+    """The block with its one row quoting ``text`` instead."""
+    expected = quoted(block)
+    (row,) = expected.rows
+    return replace(expected, rows=(replace(row, text=text, key=text, cells=(text,)),))
 
 
 # -- all-reduces-only ------------------------------------------------------------------------------------------
@@ -138,6 +156,7 @@ def test_the_bound_is_checked(broken) -> None:
 def test_a_silent_no_shard_is_caught(broken) -> None:
     run = broken(wrapping(f"{IU}:_init_core_state", init_core_state_silently))
     assert (run.reason, run.details["observed"], run.details["expected"]) == ("deprecation-count", 0, 4)
+    assert named_rows(run) == [("deprecation", quoted("deprecation").rows[0].key)]
 
 
 @pytest.mark.breaks("09-no-shard-is-ddp", "deprecation-warning")
@@ -149,9 +168,11 @@ def test_a_deprecation_as_user_warning_is_caught(broken) -> None:
 @pytest.mark.breaks("09-no-shard-is-ddp", "deprecation-warning")
 def test_the_quoted_text_is_checked(broken) -> None:
     # The guide's expect block is the expected text: a misquote fails the claim.
-    run = broken(expected=["The `NO_SHARD` sharding strategy is deprecated."])
+    misquote = "The `NO_SHARD` sharding strategy is deprecated."
+    run = broken(expected=misquoted("deprecation", misquote))
     assert (run.reason, run.details["observed"]) == ("deprecation-count", 0)
     assert len(run.details["warnings"]) == 4
+    assert named_rows(run) == [("deprecation", misquote)]
 
 
 @pytest.mark.breaks("09-no-shard-is-ddp", "deprecation-warning")
@@ -170,6 +191,7 @@ def test_a_deprecation_naming_the_wrong_line_is_caught(broken) -> None:
 def test_no_clamp_is_caught(broken) -> None:
     run = broken(wrapping(f"{IU}:_init_core_state", init_core_state_without_clamp))
     assert (run.reason, run.details["observed"], run.details["warnings"]) == ("no-clamp-warning", 0, [])
+    assert named_rows(run) == [("clamp", quoted("clamp").rows[0].key)]
 
 
 @pytest.mark.breaks("09-no-shard-is-ddp", "one-rank-group-clamps")

@@ -2,12 +2,14 @@
 anyway, a backward that frees or keeps the wrong units, a dropped accumulated gradient, a frozen unit left to
 the catch-all or never resharded."""
 
+from dataclasses import replace
+
 import pytest
 
 from checks.breakit.patches import returning, skipping, wrapping
-from checks.guides.g06_backward_prefetch import prefetch_two_back
-from checks.guides.g08_post_backward_reduce_scatter import reduce_first_two_swapped
-from checks.guides.g10_no_sync_and_frozen_params import (
+from checks.guides.g06_backward_prefetch.recipes import prefetch_two_back
+from checks.guides.g08_post_backward_reduce_scatter.recipes import reduce_first_two_swapped
+from checks.guides.g10_no_sync_and_frozen_params.recipes import (
     catch_all_freeing_silently,
     ddp_no_sync_syncs_anyway,
     forget_unsharded_grad,
@@ -16,6 +18,7 @@ from checks.guides.g10_no_sync_and_frozen_params import (
     reduce_anyway,
     zero_frozen_gradients,
 )
+from tests.break_it.conftest import guides, named_rows
 
 GUIDE = "10-no-sync-and-frozen-params"
 RU = "torch.distributed.fsdp._runtime_utils"
@@ -119,7 +122,6 @@ def test_reducing_inside_no_sync_gives_the_same_gradient(pool, request) -> None:
     # The guide says so: no_sync trades memory for communication, not values. Reduced every micro-batch, the shards
     # accumulate in _saved_grad_shard (guide 08) to the same gradient, and the claim still passes.
     from reader.pytest_plugin.hooks import claim_request
-    from tests.break_it.conftest import guides
 
     guide = guides()[GUIDE]
     run = pool.run(
@@ -147,6 +149,7 @@ def test_a_frozen_unit_left_to_the_catch_all_is_caught(broken) -> None:
     run = broken(skipping(f"{RU}:_register_post_backward_reshard_only_hook"))
     assert run.reason == "frozen-timing"
     assert run.details["observed"][-2:] == ["final_callback root", "free blocks.1"]
+    assert named_rows(run) == [("frozen-middle", "post_backward blocks.1 (reshard only)")]
 
 
 @pytest.mark.breaks("10-no-sync-and-frozen-params", "frozen-middle-reshards-in-backward")
@@ -168,6 +171,7 @@ def test_a_frozen_root_never_resharded_is_caught(broken) -> None:
     run = broken(skipping(f"{RU}:_catch_all_reshard"))
     assert run.reason == "frozen-timing"
     assert run.details["observed"][-1] == "final_callback root"
+    assert named_rows(run) == [("frozen-root", "free root")]  # the row no event matches
 
 
 @pytest.mark.breaks("10-no-sync-and-frozen-params", "frozen-root-waits-for-catch-all")
@@ -235,9 +239,12 @@ def test_a_ddp_no_sync_that_syncs_anyway_is_caught(broken) -> None:
 
 @pytest.mark.breaks("10-no-sync-and-frozen-params", "no-sync-steps")
 def test_a_guide_that_has_shard_grad_op_gather_in_step_2_is_caught(broken) -> None:
-    from tests.break_it.conftest import guides
-
-    lines = list(guides()["10-no-sync-and-frozen-params"].expect_blocks()["no-sync-steps"].items)
-    wrong = [line.replace("AG 4+0", "AG 0+0") if line.startswith("shard-grad-op 1 ") else line for line in lines]
-    run = broken(expected=wrong)
+    guide = guides()[GUIDE]
+    stated = guide.expect_blocks(guide.read_on)["no-sync-steps"].expected
+    step_1 = stated.row("shard-grad-op 1 no_sync")
+    wrong = replace(
+        step_1, text=step_1.text.replace("AG 4+0", "AG 0+0"), value=step_1.value.replace("AG 4+0", "AG 0+0")
+    )
+    run = broken(expected=replace(stated, rows=tuple(wrong if row is step_1 else row for row in stated.rows)))
     assert run.reason == "steps-differ-from-guide"
+    assert named_rows(run) == [("no-sync-steps", "shard-grad-op 1 no_sync")]

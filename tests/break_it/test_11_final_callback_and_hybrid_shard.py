@@ -4,16 +4,14 @@ reductions, and watch the claims fail (or, for the expected failure, pass)."""
 import pytest
 
 from checks.breakit.patches import skipping, wrapping
-from checks.guides.g09_no_shard_is_ddp import (
-    REDUCER,
+from checks.guides.g09_no_shard_is_ddp.all_reduces import REDUCER
+from checks.guides.g09_no_shard_is_ddp.recipes import (
     reduce_also_over_replicas,
     reduce_with_all_reduce_twice,
     reduce_without_all_reduce,
 )
-from checks.guides.g11_final_callback_and_hybrid_shard import (
-    CATCH_ALL,
-    FINAL_CALLBACK,
-    FINALIZE,
+from checks.guides.g11_final_callback_and_hybrid_shard.observing import CATCH_ALL, FINAL_CALLBACK, FINALIZE
+from checks.guides.g11_final_callback_and_hybrid_shard.recipes import (
     catch_all_without_free,
     final_callback_keeping_hook_flags,
     final_callback_left_queued,
@@ -25,6 +23,7 @@ from checks.guides.g11_final_callback_and_hybrid_shard import (
     next_iter_without_count,
     pre_backward_then_free,
 )
+from tests.break_it.conftest import named_rows
 
 RU = "torch.distributed.fsdp._runtime_utils"
 NEXT_ITER = "torch.distributed.fsdp._exec_order_utils:_ExecOrderData.next_iter"
@@ -39,12 +38,14 @@ def test_a_pre_backward_flag_left_set_is_caught(broken) -> None:
     run = broken(wrapping(FINAL_CALLBACK, final_callback_keeping_hook_flags))
     assert run.reason == "not-reset"
     assert {fields["_ran_pre_backward_hook"] for fields in run.details["observed"].values()} == {"True"}
+    assert named_rows(run) == [("resets", "_ran_pre_backward_hook")]
 
 
 @pytest.mark.breaks("11-final-callback-and-hybrid-shard", "idle-after-backward")
 def test_a_callback_left_queued_is_caught(broken) -> None:
     run = broken(wrapping(FINAL_CALLBACK, final_callback_left_queued))
     assert (run.reason, run.details["observed"], run.details["expected"]) == ("callback-still-queued", "True", "False")
+    assert named_rows(run) == [("resets", "_post_backward_callback_queued")]
 
 
 @pytest.mark.breaks("11-final-callback-and-hybrid-shard", "idle-after-backward")
@@ -88,6 +89,7 @@ def test_a_free_from_the_wrong_hook_is_caught(broken) -> None:
     assert (run.reason, run.details["mode"]) == ("not-freed-by-catch-all", "BACKWARD_PRE")
     assert run.details["observed"] == ["free dropped from _catch_all_reshard"]
     assert "free split from pre_backward_then_free" in run.details["reshards"]
+    assert named_rows(run) == [("catch-all", "BACKWARD_PRE")]
 
 
 # -- next-iter-clears-post-forward-order ------------------------------------------------------------------------

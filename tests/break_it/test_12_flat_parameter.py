@@ -9,7 +9,7 @@ import torch
 from packaging.version import Version
 
 from checks.breakit.patches import replacing, set_to, skipping, wrapping
-from checks.guides.g12_flat_parameter import (
+from checks.guides.g12_flat_parameter.recipes import (
     aligned_off_by_one,
     allow_writeback_with_rank0_only,
     always_pin,
@@ -31,6 +31,7 @@ from checks.guides.g12_flat_parameter import (
 )
 from checks.models.flat_param_draws import total_numel
 from checks.ranks.protocol import CheckRequest
+from tests.break_it.conftest import named_rows
 
 FP = "torch.distributed.fsdp._flat_param"
 RU = "torch.distributed.fsdp._runtime_utils"
@@ -138,6 +139,8 @@ def test_a_different_alignment_changes_the_diagram(broken) -> None:
     assert run.details["line"] == 1
     assert run.details["observed"] == "the unit: 52 elements = 49 in 5 parameters + 2 alignment + 1 world-size"
     assert run.details["lines"][1] == "padding; 4 ranks x 13"  # the head's continuation row
+    head = "the unit: 56 elements = 49 in 5 parameters + 4 alignment + 3 world-size"
+    assert named_rows(run) == [("layout-at-4", head)]  # the guide's first row, now false
 
 
 # -- CPU offload -------------------------------------------------------------------------------------------------------
@@ -185,7 +188,7 @@ def _free_inside(original, handle):  # pragma: no cover - runs only on torch >= 
 def test_the_no_op_claim_holds_with_2_14_1_s_to_cpu(pool) -> None:
     # The `>= 2.14.1` claim is skipped on 2.13.0; its check passes here with 2.14.1's `to_cpu` patched in, and
     # fails with 2.13.0's own (the setStorage error of the use_orig_params=False half).
-    target = "checks.guides.g12_flat_parameter:summon_offload_is_a_no_op"
+    target = "checks.guides.g12_flat_parameter.offload:summon_offload_is_a_no_op"
     fixed = pool.run(CheckRequest(target, world_size=2, patches=(FIX_TO_CPU,)))
     assert fixed.ok, fixed.failure
     if not FIXED:

@@ -5,9 +5,12 @@ Not here, because it is not a break: DDP with smaller buckets issues more all-re
 `ddp-all-reduce` asserts that as part of the claim.
 """
 
+from dataclasses import replace
+
 import pytest
 
 from checks.breakit.patches import replacing, wrapping
+from checks.expected import Expected
 from checks.guides.g15_communication_volume import (
     all_gather_twice,
     ddp_with_comm_hook,
@@ -21,6 +24,7 @@ from checks.guides.g15_communication_volume import (
     with_shard_grad_op,
     without_shard_grad_op,
 )
+from tests.break_it.conftest import guides, named_rows
 
 RU = "torch.distributed.fsdp._runtime_utils"
 FS = "torch.distributed.fsdp._fully_shard"
@@ -46,6 +50,14 @@ def backward(run) -> dict:
     return run.details["observed"]["backward"]
 
 
+def rebuild_as(*texts: str) -> Expected:
+    """The guide's ``rebuild`` block stating ``texts`` instead, one per row (the same lines)."""
+    expected = guides()["15-communication-volume"].expect_blocks()["rebuild"].expected
+    assert expected is not None and len(texts) == len(expected)
+    rows = tuple(replace(row, text=t, key=t, cells=(t,)) for row, t in zip(expected.rows, texts, strict=True))
+    return replace(expected, rows=rows)
+
+
 # -- ddp-all-reduce ----------------------------------------------------------------------------------------------
 @pytest.mark.breaks("15-communication-volume", "ddp-all-reduce")
 def test_a_second_all_reduce_per_bucket_is_caught(broken) -> None:
@@ -63,8 +75,9 @@ def test_bf16_compressed_buckets_are_caught(broken) -> None:
 
 @pytest.mark.breaks("15-communication-volume", "ddp-all-reduce")
 def test_the_rebuild_block_is_checked(broken) -> None:
-    run = broken(rebuild=["broadcast 41 int64", "broadcast 1 int64"])
+    run = broken(expected=rebuild_as("broadcast 41 int64", "broadcast 1 int64"))
     assert (run.reason, run.details["observed"]) == ("rebuild-broadcasts", ["broadcast 41 int32", "broadcast 1 int32"])
+    assert named_rows(run) == [("rebuild", "broadcast 41 int64")]  # the first row that differs
 
 
 @pytest.mark.breaks("15-communication-volume", "ddp-all-reduce-at-4")

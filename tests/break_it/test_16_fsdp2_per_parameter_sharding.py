@@ -8,7 +8,7 @@ import torch
 from packaging.version import Version
 
 from checks.breakit.patches import wrapping
-from checks.guides.g16_fsdp2_per_parameter_sharding import (
+from checks.guides.g16_fsdp2_per_parameter_sharding.recipes import (
     copy_out_off_by_one,
     frees_regardless,
     fresh_outputs,
@@ -20,6 +20,7 @@ from checks.guides.g16_fsdp2_per_parameter_sharding import (
     split_like_tensor_split,
 )
 from checks.models.fsdp2_draws import params_of
+from tests.break_it.conftest import named_rows
 
 F2 = "torch.distributed.fsdp._fully_shard"
 KEEPS = Version(torch.__version__.split("+")[0]) >= Version("2.15")
@@ -125,3 +126,5 @@ def test_tensor_split_changes_the_table(broken) -> None:
     run = broken(TENSOR_SPLIT)
     assert run.reason == "layout-differs"
     assert (run.details["line"], run.details["observed"].split("  ")[0]) == (1, "rank 1: w 2x2 b 1 e 0x4 z 0x0")
+    # rank 1's row is the first the tensor_split rule makes false (rank 0 still holds 3 rows).
+    assert named_rows(run) == [("nine-rows-on-four", "rank 1")]

@@ -4,12 +4,15 @@ request for a group in flight all-gathered again; the post-forward order cleared
 last, from the wrong place, or not at all, and (torch >= 2.15) manual finalization ignored, its
 deferred reductions dropped, an asynchronous finalization that waits at once, a forward let through before wait()."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from packaging.version import Version
 
 from checks.breakit.patches import returning, wrapping
-from checks.guides.g17_fsdp2_prefetch import (
+from checks.expected import Expected, Row
+from checks.guides.g17_fsdp2_prefetch.recipes import (
     callback_ignores_manual_mode,
     callback_queued_every_time,
     clear_before_finalize,
@@ -31,6 +34,7 @@ from checks.guides.g17_fsdp2_prefetch import (
     record_first_use_only,
     regather_when_pending,
 )
+from tests.break_it.conftest import guides, named_rows
 
 GROUP = "torch.distributed.fsdp._fully_shard._fsdp_param_group:FSDPParamGroup"
 STATE = "torch.distributed.fsdp._fully_shard._fsdp_state:FSDPState"
@@ -49,6 +53,31 @@ needs_new = pytest.mark.skipif(not TORCH_2_15, reason=f"the claim is for torch >
 # 2.15's call chain through wait_for_gradient_reduction.
 PATH_2_13 = ["FSDPState._root_post_backward_final_callback"]
 PATH_2_15 = [*PATH_2_13, "FSDPState.wait_for_gradient_reduction", "FSDPState._end_backward_iteration"]
+CLEAR_PATHS = "clear-paths-2.15" if TORCH_2_15 else "clear-paths-2.13"
+
+
+def block(name: str) -> Expected:
+    """The guide's expect block ``name`` as its checks receive it on this torch."""
+    guide = guides()["17-fsdp2-prefetch"]
+    return guide.expect_blocks(guide.read_on)[name].expected
+
+
+def rewritten(name: str, texts: dict[str, str]) -> Expected:
+    """Block ``name`` with the rows keyed in ``texts`` saying something else: a mapping row's value, a table row's
+    cells after its key (two spaces apart), a lines row's text."""
+    original = block(name)
+
+    def say(row: Row) -> Row:
+        if row.key not in texts:
+            return row
+        if original.shape == "lines":
+            return replace(row, text=texts[row.key], key=texts[row.key], cells=(texts[row.key],))
+        value = texts[row.key]
+        cells = (row.key, value) if original.shape == "mapping" else (row.key, *value.split("  "))
+        text = f"{row.key}: {value}" if original.shape == "mapping" else "  ".join(cells)
+        return replace(row, text=text, value=value, cells=cells)
+
+    return replace(original, rows=tuple(say(row) for row in original))
 
 
 @pytest.mark.breaks("17-fsdp2-prefetch", "no-implicit-forward-prefetch")
@@ -66,10 +95,19 @@ def test_a_model_that_disagrees_on_the_backward_is_caught_too(broken) -> None:
     assert run.details["expected"][run.details["first"]] == "prefetch root→blocks.2"
 
 
+@pytest.mark.breaks("17-fsdp2-prefetch", "no-implicit-forward-prefetch")
+def test_a_guide_that_unshards_blocks_2_before_blocks_1_is_caught(broken) -> None:
+    run = broken(expected=rewritten("forward-unshards", {"blocks.1": "blocks.2", "blocks.2": "blocks.1"}))
+    assert (run.reason, run.details["step"]) == ("forward-differs", 1)
+    # The first row the run makes false: the third unshard is blocks.1's, not blocks.2's.
+    assert named_rows(run) == [("forward-unshards", "blocks.2")]
+
+
 @pytest.mark.breaks("17-fsdp2-prefetch", "implicit-backward-prefetch")
 def test_a_backward_prefetch_of_nothing_is_caught(broken) -> None:
     run = broken(NO_IMPLICIT_BACKWARD)
     assert (run.reason, run.details["workload"], run.details["observed"]) == ("prefetches-differ", "gpt", [])
+    assert named_rows(run) == [("backward-implicit", "root")]
 
 
 @pytest.mark.breaks("17-fsdp2-prefetch", "implicit-backward-prefetch")
@@ -77,12 +115,14 @@ def test_prefetching_the_wrong_entry_is_caught(broken) -> None:
     run = broken(TWO_BACK)
     assert run.reason == "prefetches-differ"
     assert run.details["observed"] == ["root→blocks.1", "blocks.2→blocks.0"]
+    assert named_rows(run) == [("backward-implicit", "root")]
 
 
 @pytest.mark.breaks("17-fsdp2-prefetch", "explicit-forward-prefetch")
 def test_ignored_forward_targets_are_caught(broken) -> None:
     run = broken(wrapping(f"{STATE}._pre_forward", ignore_forward_targets))
     assert (run.reason, run.details["lookahead"], run.details["observed"]) == ("prefetches-differ", 1, [])
+    assert named_rows(run) == [("forward-explicit", "lookahead-1")]
 
 
 @pytest.mark.breaks("17-fsdp2-prefetch", "explicit-forward-prefetch")
@@ -90,6 +130,7 @@ def test_a_lookahead_cut_to_one_is_caught(broken) -> None:
     run = broken(wrapping(f"{MODULE}.set_modules_to_forward_prefetch", first_target_only))
     assert (run.reason, run.details["lookahead"]) == ("prefetches-differ", 2)
     assert run.details["observed"] == ["blocks.0→blocks.1", "blocks.1→blocks.2"]
+    assert named_rows(run) == [("forward-explicit", "lookahead-2")]
 
 
 @pytest.mark.breaks("17-fsdp2-prefetch", "explicit-backward-prefetch")
@@ -98,6 +139,7 @@ def test_ignored_backward_targets_are_caught(broken) -> None:
     run = broken(wrapping(f"{STATE}._pre_backward", ignore_backward_targets))
     assert (run.reason, run.details["case"]) == ("prefetches-differ", "lookahead-2")
     assert run.details["observed"] == ["root→blocks.2", "blocks.2→blocks.1", "blocks.1→blocks.0"]
+    assert named_rows(run) == [("backward-explicit", "lookahead-2")]
 
 
 @pytest.mark.breaks("17-fsdp2-prefetch", "explicit-backward-prefetch")
@@ -107,6 +149,7 @@ def test_explicit_targets_that_still_run_the_implicit_prefetch_are_caught(broken
     run = broken(wrapping(f"{GROUP}.pre_backward", implicit_prefetch_always))
     assert (run.reason, run.details["case"]) == ("prefetches-differ", "root-to-blocks.0")
     assert run.details["observed"] == ["root→blocks.2", "root→blocks.0", "blocks.2→blocks.1"]
+    assert named_rows(run) == [("backward-explicit", "root-to-blocks.0")]
 
 
 @pytest.mark.breaks("17-fsdp2-prefetch", "order-of-this-step")
@@ -121,6 +164,7 @@ def test_explicit_targets_ignored_after_the_reorder_are_caught(broken) -> None:
     run = broken(wrapping(f"{STATE}._pre_backward", ignore_backward_targets))
     assert (run.reason, run.details["case"]) == ("prefetches-differ", "explicit")
     assert run.details["observed"] == ["root→blocks.0", "blocks.0→blocks.1", "blocks.1→blocks.2"]
+    assert named_rows(run) == [("reordered-step-2", "explicit")]
 
 
 @pytest.mark.breaks("17-fsdp2-prefetch", "all-gathers-per-step")
@@ -128,6 +172,7 @@ def test_groups_kept_unsharded_after_forward_are_caught(broken) -> None:
     run = broken(wrapping(f"{GROUP}.reshard", keep_unsharded_after_forward))
     assert (run.reason, run.details["reshard"], run.details["config"]) == ("all-gathers", "True", "implicit")
     assert run.details["observed"] == {"forward": 4, "backward": 0}
+    assert named_rows(run) == [("all-gathers", "True")]
 
 
 @pytest.mark.breaks("17-fsdp2-prefetch", "all-gathers-per-step")
@@ -135,6 +180,7 @@ def test_a_second_request_all_gathered_again_is_caught(broken) -> None:
     run = broken(wrapping(f"{GROUP}.unshard", regather_when_pending))
     assert (run.reason, run.details["reshard"], run.details["config"]) == ("all-gathers", "True", "implicit")
     assert run.details["observed"] == {"forward": 4, "backward": 7}
+    assert named_rows(run) == [("all-gathers", "True")]
 
 
 # -- where and when the post-forward order is cleared: one test per bend, run on each side of torch 2.15 ----------
@@ -142,6 +188,8 @@ def _order_cleared_after_a_backward_that_is_not_last(broken, path: list[str]) ->
     run = broken(EVERY_BACKWARD_LAST)
     assert (run.reason, run.details["step"]) == ("clear-path-differs", "backward 2, not last")
     assert run.details["observed"] == [(path, 4)] and run.details["expected"] == []
+    # The guide's length after a backward that is not the last: the order kept, 4 entries.
+    assert named_rows(run) == [("order-lengths", "backward 2, not last")]
 
 
 def _order_cleared_in_the_callback_first(broken, path: list[str]) -> None:
@@ -149,12 +197,14 @@ def _order_cleared_in_the_callback_first(broken, path: list[str]) -> None:
     assert (run.reason, run.details["step"]) == ("clear-path-differs", "backward 1")
     # The early clear comes from the recipe (no fully_shard frame outside it), then torch's own finds it empty.
     assert run.details["observed"] == [([], 4), (path, 0)]
+    assert named_rows(run) == [(CLEAR_PATHS, "automatic")]
 
 
 def _order_kept_across_steps(broken) -> None:
     run = broken(ORDER_KEPT)
     assert run.reason == "order-length-differs"
     assert run.details["observed"][1] == ("backward 1", 4)
+    assert named_rows(run) == [("order-lengths", "backward 1")]
 
 
 @needs_old
@@ -200,6 +250,7 @@ def test_a_callback_that_ignores_manual_finalization_is_caught(broken) -> None:
     run = broken(wrapping(CALLBACK, callback_ignores_manual_mode))
     assert (run.reason, run.details["step"]) == ("clear-path-differs", 1)
     assert run.details["observed"] == [(PATH_2_15, 4)] and run.details["expected"] == []
+    assert named_rows(run) == [("manual-lengths", "backward, manual")]
 
 
 @needs_new
@@ -216,6 +267,7 @@ def test_an_asynchronous_finalization_that_waits_at_once_is_caught(broken) -> No
     run = broken(wrapping(f"{STATE}.finalize_backward", finalize_always_waits))
     assert (run.reason, run.details["step"]) == ("clear-path-differs", 2)
     assert run.details["expected"] == [] and len(run.details["observed"]) == 1
+    assert named_rows(run) == [("manual-lengths", "finalize_backward, async")]
 
 
 @needs_new
@@ -230,6 +282,7 @@ def test_a_forward_let_through_before_wait_is_caught(broken) -> None:
 def test_no_backward_prefetch_under_manual_finalization_is_caught(broken) -> None:
     run = broken(NO_IMPLICIT_BACKWARD)
     assert (run.reason, run.details["observed"]) == ("prefetches-differ", [])
+    assert named_rows(run) == [("backward-implicit", "root")]
 
 
 # -- per-unit settings -------------------------------------------------------------------------------------------
@@ -250,15 +303,9 @@ def test_per_unit_settings_ignored_in_forward_are_caught(broken) -> None:
 
 @pytest.mark.breaks("17-fsdp2-prefetch", "per-unit-settings")
 def test_a_guide_that_says_blocks_1_is_freed_is_caught(broken) -> None:
-    stated = [
-        "root: kept after forward",
-        "blocks.0: freed after forward",
-        "blocks.1: freed after forward",
-        "blocks.2: resharded to a smaller mesh after forward",
-        "backward prefetches: root→blocks.2 blocks.1→blocks.0",
-    ]
-    run = broken(stated=stated)
+    run = broken(expected=rewritten("per-unit-settings", {"blocks.1": "freed after forward"}))
     assert run.reason == "settings-differ-from-guide"
+    assert named_rows(run) == [("per-unit-settings", "blocks.1")]
 
 
 # -- a root without parameters ---------------------------------------------------------------------------------------
@@ -278,14 +325,10 @@ def test_a_backward_prefetch_that_skips_a_unit_is_caught_without_root_parameters
 
 @pytest.mark.breaks("17-fsdp2-prefetch", "root-without-parameters")
 def test_a_guide_that_says_the_root_queues_the_callback_is_caught(broken) -> None:
-    stated = [
-        "post-forward order: 0 1 2",
-        "backward prefetches: 2→1 1→0",
-        "root events: root_pre_forward final_callback",
-        "final callback queued by: root",
-    ]
-    run = broken(stated=stated)
+    stated = {"root events": "root_pre_forward final_callback", "final callback queued by": "root"}
+    run = broken(expected=rewritten("root-without-parameters", stated))
     assert run.reason == "root-differs-from-guide"
+    assert named_rows(run) == [("root-without-parameters", key) for key in stated]
 
 
 # -- several forwards before backward -------------------------------------------------------------------------------
@@ -322,12 +365,6 @@ def test_every_backward_taken_as_the_last_is_caught(broken) -> None:
 
 @pytest.mark.breaks("17-fsdp2-prefetch", "several-forwards")
 def test_a_guide_that_says_one_backward_reduces_twice_per_group_is_caught(broken) -> None:
-    stated = [
-        "one backward                 7  6  5  7  8",
-        "two backwards                7  7  3  8  8",
-        "two, the first not last      7  7  6  8  8",
-        "False, one backward          4  3  2  7  4",
-        "toy, one backward            5  3  2  4  3",
-    ]
-    run = broken(stated=stated)
+    run = broken(expected=rewritten("several-forwards", {"one backward": "7  6  5  7  8"}))
     assert (run.reason, run.details["case"]) == ("model-differs-from-guide", "one backward")
+    assert named_rows(run) == [("several-forwards", "one backward")]

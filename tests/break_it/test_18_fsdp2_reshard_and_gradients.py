@@ -8,12 +8,16 @@ chosen as 2.13 chose it, its upcast of a waiting gradient skipped, its unsharded
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from packaging.version import Version
 
 from checks.breakit.patches import wrapping
-from checks.guides.g18_fsdp2_reshard_and_gradients import (
+from checks.expected import Expected, Row
+from checks.guides.g18_fsdp2_reshard_and_gradients.gradients import require_counts_near
+from checks.guides.g18_fsdp2_reshard_and_gradients.recipes import (
     grad_dtype_is_reduce_dtype,
     grad_dtype_unset,
     int_n_means_false,
@@ -31,6 +35,8 @@ from checks.guides.g18_fsdp2_reshard_and_gradients import (
     sync_ignored,
     upcast_always_deferred,
 )
+from checks.violation import Violation
+from tests.break_it.conftest import guides, named_rows
 
 F2 = "torch.distributed.fsdp._fully_shard"
 GROUP = f"{F2}._fsdp_param_group:FSDPParamGroup"
@@ -41,6 +47,28 @@ DIVIDE_FACTORS = f"{F2}._fsdp_collectives:_get_gradient_divide_factors"
 GRAD_DTYPE = Version(torch.__version__.split("+")[0]) >= Version("2.15")  # FSDP2 sets the gradient dtype
 needs_old = pytest.mark.skipif(GRAD_DTYPE, reason=f"the claim is for torch < 2.15; this is {torch.__version__}")
 needs_new = pytest.mark.skipif(not GRAD_DTYPE, reason=f"the claim is for torch >= 2.15; this is {torch.__version__}")
+
+
+def block(name: str) -> Expected:
+    """The guide's expect block ``name`` as its checks receive it on this torch."""
+    guide = guides()["18-fsdp2-reshard-and-gradients"]
+    return guide.expect_blocks(guide.read_on)[name].expected
+
+
+def rewritten(name: str, texts: dict[str, str]) -> Expected:
+    """Block ``name`` with the rows keyed in ``texts`` saying something else: a mapping row's value, or a table
+    row's cells after its key (two spaces apart)."""
+    original = block(name)
+
+    def say(row: Row) -> Row:
+        if row.key not in texts:
+            return row
+        value = texts[row.key]
+        cells = (row.key, value) if original.shape == "mapping" else (row.key, *value.split("  "))
+        text = f"{row.key}: {value}" if original.shape == "mapping" else "  ".join(cells)
+        return replace(row, text=text, value=value, cells=cells)
+
+    return replace(original, rows=tuple(say(row) for row in original))
 
 
 @pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "settings-at-2")
@@ -63,6 +91,14 @@ def test_an_int_one_without_its_warning_is_caught(broken) -> None:
     assert (run.details["observed"], run.details["expected"]) == (False, True)
 
 
+@pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "settings-at-2")
+def test_a_guide_that_says_2_warns_is_caught(broken) -> None:
+    # torch and the model agree that 2 is silent; only the guide's row says otherwise.
+    run = broken(expected=rewritten("settings-at-2", {"2": "SHARDED  SHARDED  4  4  warns"}))
+    assert (run.reason, run.details["setting"]) == ("table-differs", "2")
+    assert named_rows(run) == [("settings-at-2", "2")]
+
+
 @pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "cost-at-2")
 def test_groups_kept_unsharded_after_forward_are_caught(broken) -> None:
     run = broken(wrapping(f"{GROUP}.reshard", keep_unsharded_after_forward))
@@ -78,6 +114,14 @@ def test_groups_kept_unsharded_after_backward_are_caught(broken) -> None:
     assert (run.details["observed"], run.details["expected"]) == (206352, 78192)
 
 
+@pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "cost-at-2")
+def test_a_guide_that_says_the_default_holds_nothing_is_caught(broken) -> None:
+    run = broken(expected=rewritten("cost-at-2", {"None": "0  103,176  199,296  302,472  78,192"}))
+    assert (run.reason, run.details["setting"]) == ("table-differs", "None")
+    assert (run.details["observed"]["held"], run.details["expected"]["held"]) == ("14,112", "0")
+    assert named_rows(run) == [("cost-at-2", "None")]
+
+
 @pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "unit-used-twice")
 def test_a_reduce_scatter_per_use_is_caught(broken) -> None:
     run = broken(wrapping(f"{GROUP}.post_backward", reduce_every_post_backward))
@@ -90,6 +134,13 @@ def test_a_full_reshard_instead_of_the_smaller_mesh_is_caught(broken) -> None:
     run = broken(wrapping(f"{GROUP}._to_sharded_post_forward", reshard_fully))
     assert (run.reason, run.details["setting"]) == ("held-differs", "2")
     assert (run.details["observed"], run.details["expected"]) == (0, 103176)
+
+
+@pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "int-at-4")
+def test_a_guide_that_gives_2_trues_backward_bytes_is_caught(broken) -> None:
+    run = broken(expected=rewritten("int-at-4", {"2": "103,176  154,764  309,528  464,292  78,192"}))
+    assert (run.reason, run.details["setting"]) == ("table-differs", "2")
+    assert named_rows(run) == [("int-at-4", "2")]
 
 
 @pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "grads-are-ddp-slice")
@@ -137,12 +188,29 @@ def test_round_each_before_2_15_is_caught(broken) -> None:
     assert run.details["observed"] == ["round-each"]
 
 
+@needs_old
+@pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "tied-fp16-sum-then-round")
+def test_a_guide_that_swaps_the_two_orders_values_is_caught(broken) -> None:
+    swapped = "sum-then-round 0.00250244140625  round-each 0.00249481201171875"
+    run = broken(expected=rewritten("tied-fp16", {"[0, 3]": swapped}))
+    assert run.reason == "figures-differ"
+    assert named_rows(run) == [("tied-fp16", "[0, 3]")]
+
+
 @needs_new
 @pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "tied-fp16-round-each")
 def test_sum_then_round_on_2_15_is_caught(broken) -> None:
     run = broken(wrapping(f"{PARAM}.init_unsharded_param", grad_dtype_unset))
     assert run.reason == "tied-order-differs"
     assert run.details["observed"] == ["sum-then-round"]
+
+
+@needs_new
+@pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "tied-fp16-round-each")
+def test_a_guide_count_past_the_slack_is_caught_on_2_15(broken) -> None:
+    run = broken(expected=rewritten("tied-fp16", {"counts": COUNTS.replace("337", "341")}))
+    assert (run.reason, run.details["slack"]) == ("figures-differ", SLACK)
+    assert named_rows(run) == [("tied-fp16", "counts")]
 
 
 @needs_new
@@ -164,12 +232,29 @@ def test_a_waiting_gradient_never_cast_up_on_2_15_is_caught(broken) -> None:
     assert run.details["observed"]["waits"] == ["bfloat16"]
 
 
+@needs_new
+@pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "mixed-precision-2.15")
+def test_a_guide_with_2_13s_bf16_row_is_caught_on_2_15(broken) -> None:
+    run = broken(expected=rewritten("precision-2.15", {"bf16/None": "bfloat16  bfloat16  AVG  float32  bfloat16"}))
+    assert (run.reason, run.details["policy"]) == ("table-differs", "bf16/None")
+    assert named_rows(run) == [("precision-2.15", "bf16/None")]
+
+
 @needs_old
 @pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "mixed-precision")
 def test_a_dropped_reduce_dtype_is_caught(broken) -> None:
     run = broken(wrapping(f"{PARAM}.init_dtype_attrs", reduce_dtype_ignored))
     assert (run.reason, run.details["policy"]) == ("dtypes-differ", "bf16/fp32")
     assert run.details["observed"]["reduce_scatter"] == ["bfloat16"]
+
+
+@needs_old
+@pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "mixed-precision")
+def test_a_guide_with_2_15s_bf16_row_is_caught_before_2_15(broken) -> None:
+    run = broken(expected=rewritten("precision", {"bf16/None": "bfloat16  float32  AVG  float32  float32"}))
+    assert (run.reason, run.details["policy"]) == ("table-differs", "bf16/None")
+    assert (run.details["observed"]["reduce"], run.details["expected"]["reduce"]) == ("bfloat16", "float32")
+    assert named_rows(run) == [("precision", "bf16/None")]
 
 
 @pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "accumulate-without-sync")
@@ -214,9 +299,8 @@ COUNTS = "1,152 elements, 337 differ: 192 in rank 0's rows, 145 in rank 1's"
     ],
 )
 def test_tied_counts_within_the_slack_hold(seen: str) -> None:
-    from checks.guides.g18_fsdp2_reshard_and_gradients import _require_counts_near
-
-    _require_counts_near(seen, COUNTS, SLACK)
+    tied = block("tied-fp16")
+    require_counts_near(seen, tied, tied.row("counts"), SLACK)
 
 
 @pytest.mark.parametrize(
@@ -228,9 +312,12 @@ def test_tied_counts_within_the_slack_hold(seen: str) -> None:
     ],
 )
 def test_tied_counts_past_the_slack_fail_for_the_figures_reason(seen: str) -> None:
-    from checks.guides.g18_fsdp2_reshard_and_gradients import _require_counts_near
-    from checks.violation import Violation
-
+    tied = block("tied-fp16")
     with pytest.raises(Violation) as failure:
-        _require_counts_near(seen, COUNTS, SLACK)
+        require_counts_near(seen, tied, tied.row("counts"), SLACK)
     assert failure.value.reason == "figures-differ"
+    assert [(row["block"], row["key"]) for row in failure.value.expect_rows] == [("tied-fp16", "counts")]
+
+
+def test_the_counts_are_the_guides() -> None:
+    assert block("tied-fp16").row("counts").value == COUNTS

@@ -2,10 +2,13 @@
 reversed, a rebuild that ignores the cap list or never happens, an extra broadcast, static_graph left unset),
 its no_sync, gradient_as_bucket_view and comm hooks, and watch each claim fail for its reason."""
 
+from dataclasses import replace
+
 import pytest
 
 from checks.breakit.patches import skipping, wrapping
-from checks.guides.g19_ddp_buckets import (
+from checks.expected import Expected
+from checks.guides.g19_ddp_buckets.recipes import (
     allreduce_fut_twice,
     allreduce_fut_undivided,
     caps_from_the_start,
@@ -27,6 +30,7 @@ from checks.guides.g19_ddp_buckets import (
     rebuild_ignores_the_list,
     reducer_not_reversed,
 )
+from tests.break_it.conftest import guides, named_rows
 
 PD = "torch.nn.parallel.distributed"
 DDP = f"{PD}:DistributedDataParallel"
@@ -67,6 +71,23 @@ def where(run) -> tuple:
     return run.reason, run.details.get("iteration")
 
 
+def block(name: str) -> Expected:
+    """The guide's expect block ``name`` as its checks receive it."""
+    return guides()["19-ddp-buckets"].expect_blocks()[name].expected
+
+
+def restated(name: str, values: dict[str, str]) -> Expected:
+    """The guide's mapping block ``name`` with each row keyed in ``values`` stating that value instead."""
+    expected = block(name)
+    rows = tuple(
+        replace(row, text=f"{row.key}: {values[row.key]}", value=values[row.key], cells=(row.key, values[row.key]))
+        if row.key in values
+        else row
+        for row in expected.rows
+    )
+    return replace(expected, rows=rows)
+
+
 # -- default-buckets --------------------------------------------------------------------------------------------
 @pytest.mark.breaks("19-ddp-buckets", "default-buckets")
 def test_caps_in_iteration_1_are_caught(broken) -> None:
@@ -103,14 +124,24 @@ def test_an_extra_broadcast_is_caught(broken) -> None:
 
 @pytest.mark.breaks("19-ddp-buckets", "default-buckets")
 def test_the_guides_numbers_are_checked(broken) -> None:
-    run = broken(expected=["iteration 1: 394752", "iteration 2: 394752", "iteration 3: 394752"])
+    # A guide that forgets the rebuild: one bucket in every iteration.
+    run = broken(expected=restated("default-buckets", {"iteration 2": "394752", "iteration 3": "394752"}))
     assert run.reason == "numbers-differ-from-guide"
     assert run.details["observed"][1] == "iteration 2: 263168 131584"
+    assert named_rows(run) == [("default-buckets", "iteration 2")]
 
 
 @pytest.mark.breaks("19-ddp-buckets", "default-buckets-at-4")
 def test_caps_in_iteration_1_are_caught_at_4(broken) -> None:
     assert where(broken(CAPS_FROM_START)) == ("buckets-differ-from-model", 1)
+
+
+@pytest.mark.breaks("19-ddp-buckets", "default-buckets-at-4")
+def test_an_explicit_cap_makes_the_guides_rows_false_at_4(broken) -> None:
+    # bucket_cap_mb=25 passed: torch and the model agree on no 1 MiB first bucket, one bucket after the rebuild.
+    run = broken(options={"bucket_cap_mb": 25})
+    assert run.reason == "numbers-differ-from-guide"
+    assert named_rows(run) == [("default-buckets", "iteration 2")]
 
 
 # -- small-cap-buckets ------------------------------------------------------------------------------------------
@@ -125,6 +156,15 @@ def test_a_doubled_cap_is_caught(broken) -> None:
 def test_no_limit_at_the_rebuild_is_caught(broken) -> None:
     run = broken(NO_LIMIT_EVER)
     assert where(run) == ("buckets-differ-from-model", 2) and len(run.details["observed"]) == 1
+
+
+@pytest.mark.breaks("19-ddp-buckets", "small-cap-buckets")
+def test_another_cap_makes_the_guides_rows_false(broken) -> None:
+    # 0.6 MiB asked for: torch and the model agree on two buckets of three layers, not the guide's three of two.
+    run = broken(options={"bucket_cap_mb": 0.6})
+    assert run.reason == "numbers-differ-from-guide"
+    assert run.details["observed"][1] == "iteration 2: 197376 197376"
+    assert named_rows(run) == [("small-cap-buckets", "iteration 2")]
 
 
 # -- last-bucket-cap ----------------------------------------------------------------------------------------------
@@ -144,6 +184,7 @@ def test_the_guides_last_bucket_cap_numbers_are_checked(broken) -> None:
     run = broken(env={})
     assert run.reason == "numbers-differ-from-guide"
     assert run.details["observed"][1] == "iteration 2: 263168 131584"
+    assert named_rows(run) == [("last-bucket-cap-buckets", "iteration 2")]
 
 
 # -- find-unused-caps-from-start --------------------------------------------------------------------------------
@@ -161,6 +202,14 @@ def test_buckets_not_reversed_are_caught(broken) -> None:
     assert run.details["observed"] == [[0, 1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11]]
 
 
+@pytest.mark.breaks("19-ddp-buckets", "find-unused-caps-from-start")
+def test_without_find_unused_the_guides_rows_are_false(broken) -> None:
+    # The default: one bucket in iteration 1, which the guide's first row does not state.
+    run = broken(options={"find_unused_parameters": False})
+    assert run.reason == "numbers-differ-from-guide"
+    assert named_rows(run) == [("find-unused-buckets", "iteration 1")]
+
+
 # -- cap-list-from-start ----------------------------------------------------------------------------------------
 @pytest.mark.breaks("19-ddp-buckets", "cap-list-from-start")
 def test_a_rebuild_ignoring_the_list_is_caught(broken) -> None:
@@ -173,6 +222,14 @@ def test_a_rebuild_ignoring_the_list_is_caught(broken) -> None:
 def test_a_list_ignored_from_the_start_is_caught(broken) -> None:
     run = broken(NO_LIMIT_EVER)
     assert where(run) == ("buckets-differ-from-model", 1) and len(run.details["observed"]) == 1
+
+
+@pytest.mark.breaks("19-ddp-buckets", "cap-list-from-start")
+def test_a_list_in_the_other_order_makes_the_guides_rows_false(broken) -> None:
+    # [1.0, 0.1]: torch and the model agree on other buckets from iteration 1.
+    run = broken(options={"bucket_cap_mb_list": [1.0, 0.1]})
+    assert run.reason == "numbers-differ-from-guide"
+    assert named_rows(run) == [("cap-list-buckets", "iteration 1")]
 
 
 # -- static-graph-rebuilds-later --------------------------------------------------------------------------------
@@ -189,6 +246,14 @@ def test_a_missing_rebuild_under_static_graph_is_caught(broken) -> None:
     assert where(broken(NO_REBUILD)) == ("buckets-differ-from-model", 3)
 
 
+@pytest.mark.breaks("19-ddp-buckets", "static-graph-rebuilds-later")
+def test_without_static_graph_the_guides_rows_are_false(broken) -> None:
+    # No static_graph: the rebuild comes in the second forward, a row earlier than the guide's.
+    run = broken(options={})
+    assert run.reason == "numbers-differ-from-guide"
+    assert named_rows(run) == [("static-graph-buckets", "iteration 2")]
+
+
 # -- grammar-buckets, tiny-small-cap-buckets --------------------------------------------------------------------
 @pytest.mark.breaks("19-ddp-buckets", "grammar-buckets")
 def test_grammar_without_the_first_bucket_default_is_caught(broken) -> None:
@@ -201,6 +266,13 @@ def test_grammar_caps_in_iteration_1_are_caught(broken) -> None:
     assert where(broken(CAPS_FROM_START)) == ("buckets-differ-from-model", 1)
 
 
+@pytest.mark.breaks("19-ddp-buckets", "grammar-buckets")
+def test_grammar_with_an_explicit_cap_makes_the_guides_rows_false(broken) -> None:
+    run = broken(options={"bucket_cap_mb": 25})
+    assert run.reason == "numbers-differ-from-guide"
+    assert named_rows(run) == [("grammar-buckets", "iteration 2")]
+
+
 @pytest.mark.breaks("19-ddp-buckets", "tiny-small-cap-buckets")
 def test_tiny_one_bucket_per_parameter_is_caught(broken) -> None:
     run = broken(ONE_PER_PARAMETER)
@@ -210,6 +282,13 @@ def test_tiny_one_bucket_per_parameter_is_caught(broken) -> None:
 @pytest.mark.breaks("19-ddp-buckets", "tiny-small-cap-buckets")
 def test_tiny_without_a_rebuild_is_caught(broken) -> None:
     assert where(broken(NO_REBUILD)) == ("buckets-differ-from-model", 2)
+
+
+@pytest.mark.breaks("19-ddp-buckets", "tiny-small-cap-buckets")
+def test_tiny_with_another_cap_makes_the_guides_rows_false(broken) -> None:
+    run = broken(options={"bucket_cap_mb": 0.1})
+    assert run.reason == "numbers-differ-from-guide"
+    assert named_rows(run) == [("tiny-buckets", "iteration 2")]
 
 
 # -- rebuild-reorders -------------------------------------------------------------------------------------------
@@ -232,14 +311,18 @@ def test_an_extra_broadcast_in_every_forward_is_caught(broken) -> None:
     run = broken(EXTRA_BROADCAST)
     assert run.reason == "rebuild-broadcasts"
     assert run.details["observed"] == ["broadcast 1 int32", "broadcast 13 int32", "broadcast 2 int32"]
+    assert named_rows(run) == [("rebuild-broadcasts", "broadcast 13 int32")]
 
 
 @pytest.mark.breaks("19-ddp-buckets", "rebuild-reorders")
 def test_the_guides_ready_order_is_checked(broken) -> None:
     # Weight before bias, as one might guess: not the order autograd makes them ready.
-    guess = [f"{layer}.{kind}" for layer in range(5, -1, -1) for kind in ("weight", "bias")]
-    run = broken(ready=guess)
+    stated = block("ready-order")
+    pairs = zip(stated.rows[::2], stated.rows[1::2], strict=True)
+    guess = tuple(row for bias, weight in pairs for row in (weight, bias))
+    run = broken(ready=replace(stated, rows=guess))
     assert (run.reason, run.details["observed"]) == ("ready-order-differs-from-guide", LINEAR_READY)
+    assert named_rows(run) == [("ready-order", "5.weight")]
 
 
 @pytest.mark.breaks("19-ddp-buckets", "rebuild-reorders")
@@ -255,6 +338,13 @@ def test_a_rebuild_broadcast_from_another_rank_is_caught(broken) -> None:
 @pytest.mark.breaks("19-ddp-buckets", "rebuild-reorders-at-4")
 def test_a_rebuild_that_never_happens_is_caught_at_4(broken) -> None:
     assert broken(NO_REBUILD).reason == "rebuild-flag"
+
+
+@pytest.mark.breaks("19-ddp-buckets", "rebuild-reorders-at-4")
+def test_an_extra_broadcast_in_every_forward_is_caught_at_4(broken) -> None:
+    run = broken(EXTRA_BROADCAST)
+    assert run.reason == "rebuild-broadcasts"
+    assert named_rows(run) == [("rebuild-broadcasts", "broadcast 13 int32")]
 
 
 @pytest.mark.breaks("19-ddp-buckets", "rebuild-reorders-at-4")
@@ -284,21 +374,34 @@ def test_buckets_in_iteration_1_overlap_and_are_caught(broken) -> None:
 
 @pytest.mark.breaks("19-ddp-buckets", "overlap-from-iteration-2")
 def test_the_guides_issue_order_is_checked(broken) -> None:
-    run = broken(expected=["iteration 1: 1 all-reduce, after all 52 gradients"] * 3)
+    # A guide that states no overlap after the rebuild either.
+    no_overlap = "1 all-reduce, after all 52 gradients"
+    run = broken(expected=restated("grammar-issue-order", {"iteration 2": no_overlap, "iteration 3": no_overlap}))
     assert run.reason == "issue-order-differs-from-guide"
+    assert named_rows(run) == [("grammar-issue-order", "iteration 2")]
 
 
 @pytest.mark.breaks("19-ddp-buckets", "overlap-from-iteration-2")
 def test_the_guides_first_and_last_gradients_are_checked(broken) -> None:
     # A guess that forgets the tie: the head's weight ready first.
-    run = broken(ends=["first ready: lm_head.weight", "last ready: tok_emb.weight"])
+    run = broken(ends=restated("grammar-ready-ends", {"first ready": "lm_head.weight"}))
     assert run.reason == "ready-ends-differ-from-guide"
     assert run.details["observed"] == ["first ready: ln_f.weight", "last ready: tok_emb.weight"]
+    assert named_rows(run) == [("grammar-ready-ends", "first ready")]
 
 
 @pytest.mark.breaks("19-ddp-buckets", "overlap-from-iteration-2-at-4")
 def test_one_bucket_after_the_rebuild_does_not_overlap_at_4(broken) -> None:
     assert broken(NO_LIMIT_EVER).reason == "no-overlap"
+
+
+@pytest.mark.breaks("19-ddp-buckets", "overlap-from-iteration-2-at-4")
+def test_the_guides_issue_order_is_checked_at_4(broken) -> None:
+    # One gradient fewer still to come in iteration 3 than the guide's row: the count is the run's, not a guess.
+    off_by_one = "2 all-reduces, bucket 0's with 21 of 52 gradients to come"
+    run = broken(expected=restated("grammar-issue-order", {"iteration 3": off_by_one}))
+    assert run.reason == "issue-order-differs-from-guide"
+    assert named_rows(run) == [("grammar-issue-order", "iteration 3")]
 
 
 # -- no-sync-accumulates ----------------------------------------------------------------------------------------
@@ -350,11 +453,11 @@ def test_gradients_that_are_always_views_are_caught(broken) -> None:
 
 @pytest.mark.breaks("19-ddp-buckets", "gradient-as-bucket-view")
 def test_the_guides_bytes_are_checked(broken) -> None:
-    run = broken(
-        expected=["with gradient_as_bucket_view: 1579008 bytes", "without gradient_as_bucket_view: 1579008 bytes"]
-    )
+    # A guide that claims no saving: without the option, the same bytes as with it.
+    run = broken(expected=restated("bucket-view-bytes", {"without gradient_as_bucket_view": "1579008 bytes"}))
     assert run.reason == "bytes-differ-from-guide"
     assert run.details["observed"][1] == "without gradient_as_bucket_view: 3158016 bytes"
+    assert named_rows(run) == [("bucket-view-bytes", "without gradient_as_bucket_view")]
 
 
 # -- allreduce-hook-is-builtin ----------------------------------------------------------------------------------

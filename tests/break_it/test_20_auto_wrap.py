@@ -4,10 +4,13 @@ its overrides missing, ``all`` for ``any``, kwargs dropped, an inverted lambda, 
 ``isinstance``), the tied weight's view of its shard, FSDP2's managed modules and states, and the step a
 granularity runs, and watch each claim fail for its reason."""
 
+from dataclasses import replace
+
 import pytest
 
 from checks.breakit.patches import replacing, skipping, wrapping
-from checks.guides.g20_auto_wrap import (
+from checks.expected import Expected
+from checks.guides.g20_auto_wrap.recipes import (
     all_policies,
     also_linears,
     empty_set,
@@ -30,6 +33,7 @@ from checks.guides.g20_auto_wrap import (
     unaligned,
     without_overrides,
 )
+from tests.break_it.conftest import guides, named_rows
 
 WRAP = "torch.distributed.fsdp.wrap"
 SIZE = f"{WRAP}:size_based_auto_wrap_policy"
@@ -59,10 +63,22 @@ NO_PREFETCH = wrapping("torch.distributed.fsdp._runtime_utils:_get_handle_to_pre
 FIRST_HALF = wrapping(f"{FSDP2_INIT}:_get_managed_states", fsdp2_first_half)
 SHARD_COPIED = wrapping("torch.distributed.fsdp._flat_param:FlatParamHandle._use_sharded_views", shard_view_copied)
 UNALIGNED = wrapping("torch.distributed.fsdp._flat_param:_get_aligned_numel", unaligned)
+# The first row of `root-first-errors`, the unnamed mesh's: the first the bent calls no longer raise.
+TYPE_ERROR = "TypeError: Invariant encountered: value was None when it should not be"
 
 
 def names(units: dict) -> list[str]:
     return list(units)
+
+
+def edited(block: str, key: str, value: str) -> Expected:
+    """The guide's mapping block ``block`` with row ``key`` stating ``value`` instead (the row keeps its line)."""
+    expected = guides()["20-auto-wrap"].expect_blocks()[block].expected
+    rows = tuple(
+        replace(row, text=f"{key}: {value}", value=value, cells=(key, value)) if row.key == key else row
+        for row in expected.rows
+    )
+    return replace(expected, rows=rows)
 
 
 # -- per-block-units ----------------------------------------------------------------------------------------------
@@ -71,6 +87,8 @@ def test_a_policy_that_misses_a_block_is_caught(broken) -> None:
     run = broken(SKIP_FIRST)
     assert (run.reason, run.details["policy"]) == ("units-differ-from-model", "module")
     assert names(run.details["observed"]) == ["root", "blocks.1", "blocks.2"]
+    # blocks.0 is no unit, and the root takes its parameters.
+    assert named_rows(run) == [("gpt-units", "blocks.0"), ("gpt-units", "root")]
 
 
 @pytest.mark.breaks("20-auto-wrap", "per-block-units")
@@ -79,6 +97,7 @@ def test_a_walk_that_skips_a_child_is_caught(broken) -> None:
     run = broken(SKIP_LAST_CHILD)
     assert (run.reason, run.details["policy"]) == ("units-differ-from-model", "module")
     assert "blocks.2" not in run.details["observed"]
+    assert named_rows(run) == [("gpt-units", "blocks.2"), ("gpt-units", "root")]
 
 
 @pytest.mark.breaks("20-auto-wrap", "per-block-units")
@@ -90,14 +109,17 @@ def test_a_policy_that_takes_the_wrong_modules_is_caught(broken) -> None:
 
 @pytest.mark.breaks("20-auto-wrap", "per-block-units")
 def test_the_guides_units_are_checked(broken) -> None:
-    run = broken(expected=["root: 51588 in 40 parameters"])
+    run = broken(expected=edited("gpt-units", "root", "51588 in 40 parameters"))
     assert run.reason == "units-differ-from-guide"
-    assert run.details["observed"][-1] == "root: 3528 in 4 parameters, shared lm_head.weight"
+    assert run.details["observed"]["root"] == "3528 in 4 parameters, shared lm_head.weight"
+    assert named_rows(run) == [("gpt-units", "root")]
 
 
 @pytest.mark.breaks("20-auto-wrap", "per-block-units-at-4")
 def test_a_policy_that_misses_a_block_is_caught_at_4(broken) -> None:
-    assert broken(SKIP_FIRST).reason == "units-differ-from-model"
+    run = broken(SKIP_FIRST)
+    assert run.reason == "units-differ-from-model"
+    assert named_rows(run) == [("gpt-units", "blocks.0"), ("gpt-units", "root")]
 
 
 # -- nn.Transformer --------------------------------------------------------------------------------------------------
@@ -108,6 +130,8 @@ def test_exact_classes_are_caught(broken) -> None:
     assert (run.reason, run.details["policy"]) == ("units-differ-from-model", "module")
     assert names(run.details["observed"]) == ["root"]
     assert names(run.details["expected"]) == ["blocks.0.norm", "blocks.1.norm", "root"]
+    block = "edge-subclass-units"
+    assert named_rows(run) == [(block, "blocks.0.norm"), (block, "blocks.1.norm"), (block, "root")]
 
 
 @pytest.mark.breaks("20-auto-wrap", "transformer-layers")
@@ -122,6 +146,8 @@ def test_a_whole_count_wraps_the_encoder(broken) -> None:
     run = broken(WHOLE_COUNT)
     assert (run.reason, run.details["policy"]) == ("units-differ-from-model", "size")
     assert "encoder" in run.details["observed"] and "decoder" in run.details["observed"]
+    # Each takes its final LayerNorm from the root; the two units themselves are no row of the block.
+    assert named_rows(run) == [("transformer-units", "root")]
 
 
 @pytest.mark.breaks("20-auto-wrap", "transformer-size-mid-layer")
@@ -133,7 +159,10 @@ def test_attention_no_longer_a_leaf_is_caught(broken) -> None:
 
 @pytest.mark.breaks("20-auto-wrap", "transformer-size-mid-layer")
 def test_a_whole_count_inside_layers_is_caught(broken) -> None:
-    assert broken(WHOLE_COUNT).reason == "units-differ-from-model"
+    # encoder and decoder become units too, with the final LayerNorms the root's row states.
+    run = broken(WHOLE_COUNT)
+    assert run.reason == "units-differ-from-model"
+    assert named_rows(run) == [("transformer-size-units", "root")]
 
 
 # -- the size policy on the edge-case tree ---------------------------------------------------------------------------
@@ -143,6 +172,9 @@ def test_strictly_larger_is_caught(broken) -> None:
     run = broken(STRICTLY_LARGER)
     assert run.reason == "units-differ-from-model"
     assert names(run.details["observed"]) == ["root", "blocks.0", "blocks.1"]
+    assert named_rows(run) == [
+        ("edge-size-units", name) for name in ("blocks.0.up", "blocks.0", "blocks.1.up", "blocks.1")
+    ]
 
 
 @pytest.mark.breaks("20-auto-wrap", "size-crossed-mid-block")
@@ -157,6 +189,7 @@ def test_no_forced_leaf_is_caught(broken) -> None:
 def test_a_module_list_unit_is_caught(broken) -> None:
     run = broken(NO_EXCLUDE)
     assert run.reason == "units-differ-from-model" and "blocks" in run.details["observed"]
+    assert named_rows(run) == [("edge-one-unit", "root")]
 
 
 @pytest.mark.breaks("20-auto-wrap", "size-defaults")
@@ -177,6 +210,7 @@ def test_dropped_kwargs_are_caught(broken) -> None:
     run = broken(KWARGS_DROPPED)
     assert run.reason == "units-differ-from-model"
     assert run.details["observed"]["blocks.1"]["strategy"] == "FULL_SHARD"
+    assert named_rows(run) == [("edge-custom-units", "blocks.1")]
 
 
 @pytest.mark.breaks("20-auto-wrap", "or-policy")
@@ -184,6 +218,8 @@ def test_all_instead_of_any_is_caught(broken) -> None:
     # Both must agree: the size policy never descends into a BatchNorm (16 < 600), the lambda never takes a block.
     run = broken(ALL_POLICIES)
     assert run.reason == "units-differ-from-model" and names(run.details["observed"]) == ["root"]
+    assert named_rows(run) == [("edge-or-units", row) for row in ("blocks.0.norm", "blocks.0", "blocks.1.norm",
+                                                                  "blocks.1", "root")]  # fmt: skip
 
 
 @pytest.mark.breaks("20-auto-wrap", "or-policy")
@@ -212,7 +248,8 @@ def test_no_batchnorm_targets_are_caught(broken) -> None:
 def test_missing_cast_hooks_are_caught(broken) -> None:
     run = broken(NO_CAST_HOOKS)
     assert run.reason == "dtypes-differ"
-    assert "blocks.0.norm input: bfloat16" in run.details["observed"]
+    assert run.details["observed"]["blocks.0.norm input"] == "bfloat16"
+    assert named_rows(run) == [("mp-dtypes", "blocks.0.norm input")]
 
 
 @pytest.mark.breaks("20-auto-wrap", "batchnorm-own-unit-callable")
@@ -220,6 +257,8 @@ def test_ignored_overrides_are_caught(broken) -> None:
     run = broken(OVERRIDES_IGNORED)
     assert run.reason == "units-differ-from-model"
     assert run.details["observed"]["blocks.0.norm"]["param_dtype"] == "bfloat16"
+    # The rows that say `mixed_precision=None`.
+    assert named_rows(run) == [("edge-mp-size-units", "blocks.0.norm"), ("edge-mp-size-units", "blocks.1.norm")]
 
 
 @pytest.mark.breaks("20-auto-wrap", "batchnorm-own-unit-callable")
@@ -235,7 +274,9 @@ def test_all_instead_of_any_under_mixed_precision_is_caught(broken) -> None:
 # -- the split tie -----------------------------------------------------------------------------------------------------
 @pytest.mark.breaks("20-auto-wrap", "tied-head-split")
 def test_a_linear_policy_missing_one_is_caught(broken) -> None:
-    assert broken(SKIP_FIRST).reason == "units-differ-from-model"
+    run = broken(SKIP_FIRST)
+    assert run.reason == "units-differ-from-model"
+    assert named_rows(run) == [("gpt-linear-units", "blocks.0.attn.qkv"), ("gpt-linear-units", "root")]
 
 
 @pytest.mark.breaks("20-auto-wrap", "tied-head-split")
@@ -258,23 +299,28 @@ def test_fsdp2_walking_into_sharded_blocks_is_caught(broken) -> None:
     run = broken(THROUGH_NESTED)
     assert (run.reason, run.details["unit"]) == ("fully-shard-failed", "root")
     assert run.details["error"].startswith("TypeError: Invariant encountered")
+    assert named_rows(run) == [("gpt-units", "root")]
 
 
 @pytest.mark.breaks("20-auto-wrap", "fsdp2-same-groups-at-4")
 def test_fsdp2_walking_into_sharded_blocks_is_caught_at_4(broken) -> None:
-    assert broken(THROUGH_NESTED).reason == "fully-shard-failed"
+    run = broken(THROUGH_NESTED)
+    assert run.reason == "fully-shard-failed"
+    assert named_rows(run) == [("gpt-units", "root")]
 
 
 @pytest.mark.breaks("20-auto-wrap", "fsdp2-same-groups-edge")
 def test_fsdp2_walking_into_sharded_up_layers_is_caught(broken) -> None:
     run = broken(THROUGH_NESTED)
     assert (run.reason, run.details["unit"]) == ("fully-shard-failed", "blocks.0")
+    assert named_rows(run) == [("edge-size-units", "blocks.0")]
 
 
 @pytest.mark.breaks("20-auto-wrap", "fsdp2-root-first")
 def test_a_call_that_skips_dtensors_is_caught(broken) -> None:
     run = broken(SKIP_DTENSORS)
     assert (run.reason, run.details["observed"]) == ("wrong-order-not-refused", ["no error", "no error"])
+    assert named_rows(run) == [("root-first-errors", TYPE_ERROR)]
 
 
 @pytest.mark.breaks("20-auto-wrap", "fsdp2-root-first")
@@ -286,7 +332,9 @@ def test_a_root_call_that_shards_half_is_caught(broken) -> None:
 
 @pytest.mark.breaks("20-auto-wrap", "fsdp2-root-first-at-4")
 def test_a_call_that_skips_dtensors_is_caught_at_4(broken) -> None:
-    assert broken(SKIP_DTENSORS).reason == "wrong-order-not-refused"
+    run = broken(SKIP_DTENSORS)
+    assert run.reason == "wrong-order-not-refused"
+    assert named_rows(run) == [("root-first-errors", TYPE_ERROR)]
 
 
 # -- granularity -------------------------------------------------------------------------------------------------------
@@ -296,6 +344,7 @@ def test_a_policy_that_takes_the_mlps_too_is_caught(broken) -> None:
     run = broken(TAKES_MLPS)
     assert (run.reason, run.details["granularity"]) == ("largest-all-gather-differs", "per-block")
     assert run.details["observed"] == 10548
+    assert named_rows(run) == [("granularity", "per-block")]
 
 
 @pytest.mark.breaks("20-auto-wrap", "granularity")
@@ -304,11 +353,14 @@ def test_no_backward_prefetch_lowers_the_peak(broken) -> None:
     run = broken(NO_PREFETCH)
     assert (run.reason, run.details["granularity"]) == ("unsharded-peak-differs", "per-block")
     assert run.details["observed"] == 4 * (3528 + 16020)
+    assert named_rows(run) == [("granularity", "per-block")]
 
 
 @pytest.mark.breaks("20-auto-wrap", "granularity-at-4")
 def test_no_backward_prefetch_lowers_the_peak_at_4(broken) -> None:
-    assert broken(NO_PREFETCH).reason == "unsharded-peak-differs"
+    run = broken(NO_PREFETCH)
+    assert run.reason == "unsharded-peak-differs"
+    assert named_rows(run) == [("granularity", "per-block")]
 
 
 @pytest.mark.breaks("20-auto-wrap", "granularity-bf16")
@@ -320,3 +372,4 @@ def test_no_alignment_is_caught(broken) -> None:
         "one-unit",
         51588,
     )
+    assert named_rows(run) == [("granularity-bf16", "one-unit")]

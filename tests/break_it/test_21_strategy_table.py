@@ -5,8 +5,8 @@ FSDP2's tensor-parallel placements and its root's reshard) and watch each claim 
 import pytest
 
 from checks.breakit.patches import returning, set_to, skipping, wrapping
-from checks.guides.g18_fsdp2_reshard_and_gradients import root_resharded_anyway
-from checks.guides.g21_strategy_table import (
+from checks.guides.g18_fsdp2_reshard_and_gradients.recipes import root_resharded_anyway
+from checks.guides.g21_strategy_table.recipes import (
     colwise_bias_replicated,
     colwise_neighbours_rows,
     doubled_receives,
@@ -24,6 +24,7 @@ from checks.guides.g21_strategy_table import (
     runs_gpipe,
     strided_as_plain,
 )
+from tests.break_it.conftest import named_rows
 
 ZRO = "torch.distributed.optim.zero_redundancy_optimizer:ZeroRedundancyOptimizer"
 STYLE = "torch.distributed.tensor.parallel.style"
@@ -56,6 +57,15 @@ STRIDED_AS_PLAIN = wrapping(
 )
 ROOT_RESHARDED = wrapping("torch.distributed.fsdp._fully_shard._fsdp_state:FSDPState._lazy_init", root_resharded_anyway)
 TP_WORST = 1e-6  # the claims' bound; a tolerance a thousand times tighter fails, as the sums are not bitwise
+COLUMN_WISE_BIASES = ("attn.q.bias", "attn.k.bias", "attn.v.bias", "mlp.fc.bias")
+COLUMN_WISE = ("attn.q.weight", "attn.q.bias", "attn.k.weight", "attn.k.bias", "attn.v.weight", "attn.v.bias",
+               "mlp.fc.weight", "mlp.fc.bias")  # fmt: skip
+FIRST_STEP_ONLY = (  # the guide's pp-first-step rows on torch < 2.15, where the break-it tests run
+    "PipelineStage._recv_meta",
+    "PipelineStage._send_meta",
+    "PipelineStage._warmup_backward_result",
+    "PipelineStage._warmup_forward_vote",
+)
 
 
 # -- the data-parallel rows ---------------------------------------------------------------------------------------
@@ -65,6 +75,10 @@ def test_zero_redundancy_without_its_broadcast_is_caught(broken) -> None:
     assert (run.reason, run.details["impl"]) == ("collectives-differ-from-model", "torch-zero")
     assert run.details["expected"][("broadcast", False)] == 40
     assert ("broadcast", False) not in run.details["observed"]
+    assert named_rows(run) == [
+        ("data-parallel-rows", "torch-zero step"),
+        ("data-parallel-rows", "torch-zero ring bytes"),
+    ]
 
 
 @pytest.mark.breaks("21-strategy-table", "data-parallel-rows")
@@ -88,6 +102,7 @@ def test_a_zero2_that_keeps_its_gradients_is_caught(broken) -> None:
 def test_a_kept_gradient_is_caught_on_4_ranks(broken) -> None:
     run = broken(ZERO2_KEEPS_GRADIENTS)
     assert (run.reason, run.details["impl"]) == ("memory-differs-from-model", "zero2")
+    assert named_rows(run) == [("data-parallel-rows", "zero2 memory")]
 
 
 @pytest.mark.breaks("21-strategy-table", "data-parallel-rows-at-4")
@@ -102,6 +117,14 @@ def test_a_replicated_column_wise_bias_is_caught(broken) -> None:
     run = broken(BIAS_REPLICATED)
     assert (run.reason, run.details["name"]) == ("shard-differs-from-model", "attn.q.bias")
     assert run.details["observed"][0] == "Replicate()"
+    assert named_rows(run) == [("tp-shards-2", name) for name in COLUMN_WISE_BIASES]
+
+
+@pytest.mark.breaks("21-strategy-table", "tp-shards-at-4")
+def test_a_replicated_column_wise_bias_is_caught_on_4_ranks(broken) -> None:
+    run = broken(BIAS_REPLICATED)
+    assert (run.reason, run.details["name"]) == ("shard-differs-from-model", "attn.q.bias")
+    assert named_rows(run) == [("tp-shards-4", name) for name in COLUMN_WISE_BIASES]
 
 
 @pytest.mark.breaks("21-strategy-table", "tp-shards")
@@ -141,6 +164,7 @@ def test_an_output_never_reduced_is_caught(broken) -> None:
     run = broken(NEVER_REDUCED)
     assert run.reason == "collectives-differ-from-model"
     assert [entry[3] for entry in run.details["observed"]] == [True] * 4  # backward's only
+    assert named_rows(run) == [("tp-all-reduces", "forward: all-reduce 256 of the attn.o output")]
 
 
 @pytest.mark.breaks("21-strategy-table", "tp-all-reduces-prepared")
@@ -148,6 +172,7 @@ def test_a_prepare_module_input_that_does_nothing_is_caught(broken) -> None:
     run = broken(INPUT_PLAIN)
     assert run.reason == "collectives-differ-from-model"
     assert sum(entry[3] for entry in run.details["observed"]) == 4  # q, k and v all-reduce one each again
+    assert named_rows(run) == [("tp-all-reduces-prepared", "backward: all-reduce 256 of the attn input gradient")]
 
 
 @pytest.mark.breaks("21-strategy-table", "tp-all-reduces-prepared")
@@ -160,6 +185,7 @@ def test_the_prepared_count_is_checked_against_another_tensor(broken) -> None:
 def test_a_scatter_and_gather_is_caught_on_4_ranks(broken) -> None:
     run = broken(SCATTER_GATHER)
     assert run.reason == "collectives-differ-from-model"
+    assert named_rows(run) == [("tp-all-reduces-prepared", "forward: all-reduce 256 of the attn.o output")]
 
 
 # -- tensor parallel: equivalence -----------------------------------------------------------------------------------
@@ -197,18 +223,21 @@ def test_shapes_exchanged_every_step_are_caught(broken) -> None:
     run = broken(INIT_EVERY_STEP)
     assert run.reason == "first-step-traffic-differs"
     assert run.details["observed"] == []
+    assert named_rows(run) == [("pp-first-step", caller) for caller in FIRST_STEP_ONLY]
 
 
 @pytest.mark.breaks("21-strategy-table", "pp-traffic-1f1b")
 def test_each_activation_sent_twice_is_caught_under_1f1b(broken) -> None:
     run = broken(*DOUBLED)
-    assert run.reason == "transfers-differ-from-model"
+    assert (run.reason, run.details["stage"]) == ("transfers-differ-from-model", 0)
+    assert named_rows(run) == [("pp-traffic-2", "stage 0")]  # the lowest failing stage's
 
 
 @pytest.mark.breaks("21-strategy-table", "pp-traffic-at-4")
 def test_shapes_exchanged_every_step_are_caught_on_4_stages(broken) -> None:
     run = broken(INIT_EVERY_STEP)
     assert run.reason == "first-step-traffic-differs"
+    assert named_rows(run) == [("pp-first-step", caller) for caller in FIRST_STEP_ONLY]
 
 
 # -- pipeline parallel: orders, IR, bubble, activations held ----------------------------------------------------------
@@ -217,6 +246,7 @@ def test_gpipe_running_1f1b_is_caught(broken) -> None:
     run = broken(GPIPE_AS_1F1B)
     assert (run.reason, run.details["stage"]) == ("order-differs-from-model", 0)
     assert run.details["observed"] == ["F0", "F1", "B0", "F2", "B1", "F3", "B2", "B3"]
+    assert named_rows(run) == [("gpipe-bubble-2", "gpipe in flight")]  # 1F1B's 2 1, not GPipe's 4 4
 
 
 @pytest.mark.breaks("21-strategy-table", "pp-bubble-gpipe")
@@ -253,6 +283,7 @@ def test_a_fixed_last_stage_ir_differs_from_the_guide(broken) -> None:
     run = broken(IR_FIXED)
     assert run.reason == "ir-differs-from-guide"
     assert run.details["observed"][-1] == "rank 1: F0 B0 F1 B1 F2 B2 F3 B3"
+    assert named_rows(run) == [("1f1b-ir-2", "rank 1")]
 
 
 @pytest.mark.breaks("21-strategy-table", "pp-bubble-1f1b")
@@ -260,6 +291,7 @@ def test_a_stage_that_keeps_its_activations_is_caught(broken) -> None:
     run = broken(KEEPS_ACTIVATIONS)
     assert run.reason == "in-flight-differs-from-model"
     assert run.details["observed"] != run.details["expected"]
+    assert named_rows(run) == [("1f1b-bubble-2", "1f1b in flight")]
 
 
 @pytest.mark.breaks("21-strategy-table", "pp-bubble-gpipe-at-4")
@@ -267,6 +299,7 @@ def test_gpipe_running_1f1b_is_caught_on_4_stages(broken) -> None:
     run = broken(GPIPE_AS_1F1B)
     assert run.reason == "order-differs-from-model"
     assert run.details["stage"] in (1, 2, 3)  # stage 0 warms up all four microbatches either way
+    assert named_rows(run) == [("gpipe-bubble-4", "gpipe in flight")]
 
 
 @pytest.mark.breaks("21-strategy-table", "pp-bubble-1f1b-at-4")
@@ -279,6 +312,7 @@ def test_1f1b_running_gpipe_is_caught_on_4_stages(broken) -> None:
 def test_kept_activations_are_caught_on_4_stages(broken) -> None:
     run = broken(KEEPS_ACTIVATIONS)
     assert run.reason == "in-flight-differs-from-model"
+    assert named_rows(run) == [("1f1b-bubble-4", "1f1b in flight")]
 
 
 # -- pipeline parallel: equivalence ---------------------------------------------------------------------------------
@@ -301,6 +335,7 @@ def test_a_plain_shard_for_a_strided_one_is_caught(broken) -> None:
     run = broken(STRIDED_AS_PLAIN)
     assert (run.reason, run.details["name"]) == ("placements-differ-from-model", "attn.q.weight")
     assert run.details["observed"] == "(Shard(dim=0), Shard(dim=0))"
+    assert named_rows(run) == [("two-d-placements", name) for name in COLUMN_WISE]
 
 
 @pytest.mark.breaks("21-strategy-table", "two-d-placements")
@@ -321,6 +356,7 @@ def test_outputs_never_reduced_are_caught_on_tp(broken) -> None:
     """The dp group's collectives are unchanged: only the tp group's differ."""
     run = broken(NEVER_REDUCED)
     assert run.reason == "tp-collectives-differ-from-model"
+    assert named_rows(run) == [("two-d-collectives", "tp all_reduce 256")]  # the first forward all-reduce is gone
 
 
 @pytest.mark.breaks("21-strategy-table", "two-d-equivalence")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from checks.breakit.exercises import Exercise, exercises_of
+from checks.breakit.exercises import Exercise, exercise_modules, exercises_of
 from reader.format.guide import Guide
 from reader.pytest_plugin.hooks import claim_request
 from tests.break_it.conftest import guides
@@ -14,7 +14,7 @@ from tests.break_it.conftest import guides
 def guide_exercises() -> list[tuple[Guide, Exercise]]:
     found = []
     for guide in guides().values():
-        for module in sorted({claim.check.split(":")[0] for claim in guide.claims}):
+        for module in exercise_modules(claim.check.split(":")[0] for claim in guide.claims):
             found += [(guide, exercise) for exercise in exercises_of(module)]
     return found
 

@@ -18,9 +18,11 @@ from torch.distributed.fsdp import wrap as torch_wrap
 from torch.distributed.fsdp._fully_shard._fsdp_init import _get_managed_modules, _get_managed_states
 from torch.distributed.fsdp._wrap_utils import _auto_wrap
 
-from checks.guides.g20_auto_wrap import build, known_classes, model_policy, module_paths, torch_policy, tree_of
 from checks.models import wrap as wm
 from checks.naming import ROOT, clean
+from checks.workloads.edge import build
+from checks.workloads.module_tree import module_paths, tree_of
+from checks.workloads.wrap_policies import known_classes, model_policy, torch_policy
 
 P, M = wm.Param, wm.Module
 

@@ -18,8 +18,11 @@ import torch.distributed as dist
 from torch.distributed import all_gather_single as imported_all_gather_single
 from torch.distributed.distributed_c10d import all_gather_into_tensor as imported_all_gather_into_tensor
 
-from checks.probes import StepRecord, UnrecordedCollectives, record_comm, record_events, record_step, snapshot
+from checks.probes.comm import UnrecordedCollectives, record_comm
 from checks.probes.crosscheck import BackendEvents
+from checks.probes.events import record_events
+from checks.probes.memory import snapshot
+from checks.probes.step import StepRecord, record_step
 from checks.ranks import marks
 from checks.ranks.context import RankContext
 from checks.workloads import toy
@@ -256,7 +259,7 @@ def nested_watch_and_events(ctx: RankContext) -> dict[str, Any]:
 # -- the three-line API ------------------------------------------------------------------------------------------------
 def three_lines(ctx: RankContext, kind: str = "fsdp1") -> dict[str, Any]:
     """One training step recorded exactly as a guide check would write it (no model given to record_events)."""
-    from checks.probes import account_memory
+    from checks.probes.memory import account_memory
 
     model, optim = build(ctx, kind)
     x = toy.toy_batch(ctx)
@@ -281,7 +284,7 @@ def _mini_gpt(ctx: RankContext, backward_prefetch: str) -> tuple[Any, Any, Calla
     from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-    from checks.probes import account_memory
+    from checks.probes.memory import account_memory
     from mini_gpt.config import preset
     from mini_gpt.model import GPT, Block
 

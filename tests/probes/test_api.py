@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from checks.probes import CommLog, EventLog
+from checks.probes.comm import CommLog
+from checks.probes.event_log import EventLog
 from checks.probes.render import comm_table, rank_sequences, to_text
 from tests.probes.probe_spec import ALIGN, FP32, flat_numel, fsdp2_unit_shard, theta
 

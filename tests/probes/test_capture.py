@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from checks.probes import CommLog, EventLog
+from checks.probes.comm import CommLog
+from checks.probes.event_log import EventLog
 from checks.ranks.manager import PoolManager
 from checks.ranks.protocol import CheckRequest, CheckRun
 

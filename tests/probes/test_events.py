@@ -9,7 +9,8 @@ from itertools import pairwise
 import pytest
 
 from checks.models import comm_volume, prefetch
-from checks.probes import EventLog, assert_sequence
+from checks.probes.event_log import EventLog
+from checks.probes.expect import assert_sequence
 from checks.ranks.protocol import Patch
 from checks.workloads.toy import TOY_LAYERS
 from tests.probes.probe_spec import POST_FORWARD, ROOT, UNITS, fsdp1_backward, fsdp1_forward

@@ -9,7 +9,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from checks.probes import MemorySnapshot, account_memory
+from checks.probes.memory import MemorySnapshot, account_memory
 from checks.ranks.protocol import Patch
 from checks.workloads import toy
 from tests.probes.probe_spec import (

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from checks.probes import CommLog, EventLog, FsdpEvent, MemorySnapshot, SequenceMismatch, assert_sequence
-from checks.probes.comm import Collective
-from checks.probes.memory import StorageEntry
+from checks.probes.comm import Collective, CommLog
+from checks.probes.event_log import EventLog, FsdpEvent
+from checks.probes.expect import SequenceMismatch, assert_sequence
+from checks.probes.memory import MemorySnapshot, StorageEntry
 from checks.probes.render import (
     MARK,
     comm_records,

@@ -31,7 +31,7 @@ RUNNER = """
 from dataclasses import replace
 
 from checks.breakit.patches import wrapping
-from checks.guides.g06_backward_prefetch import prefetch_two_back
+from checks.guides.g06_backward_prefetch.recipes import prefetch_two_back
 from reader.pytest_plugin.runner import PoolRunner
 
 LOOKS_TWO_BACK = wrapping(

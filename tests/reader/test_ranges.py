@@ -103,7 +103,7 @@ def test_a_claim_whose_expect_block_has_no_version_for_this_torch_says_what_to_d
         ('torch = "<2.15"', 'torch = "before 2.15"', '`torch = "before 2.15"` is not a PEP 440 version specifier'),
         ("```source prefetch [torch <2.15]", "```source prefetch [torch soon]", "`[torch soon]` is not a PEP 440"),
         ("```source hooks", "```source hooks extra", "a source block names one anchor, got `source hooks extra`"),
-        ("```expect order pairs [torch >=2.15]", "```expect order pairs", "duplicate expect block `order` (first on line"),
+        ("```expect order pairs [torch >=2.15]", "```expect order pairs", "duplicate expect block `order`"),
         ("```expect order pairs [torch <2.15]", "```expect order pairs [torch <]", "`[torch <]` is not a PEP 440"),
     ],
 )

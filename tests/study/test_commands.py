@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from checks.breakit.patches import set_to, wrapping
-from checks.guides.g09_no_shard_is_ddp import reduce_also_over_replicas
+from checks.guides.g09_no_shard_is_ddp.recipes import reduce_also_over_replicas
 from checks.ranks.manager import PoolManager
 from reader.commands.app import build_parser, make_console
 from reader.format.parse import load_guide

@@ -376,7 +376,7 @@ def _differing(rows: list[compare.Row]) -> list[tuple[str, str]]:
 
 def test_a_reducer_that_never_rebuilds_its_buckets_is_a_difference(pool) -> None:
     from checks.breakit.patches import wrapping
-    from checks.guides.g19_ddp_buckets import pre_forward_without_rebuild
+    from checks.guides.g19_ddp_buckets.recipes import pre_forward_without_rebuild
 
     patch = wrapping("torch.nn.parallel.distributed:DistributedDataParallel._pre_forward",
                      pre_forward_without_rebuild)  # fmt: skip

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from checks.probes import record_comm
+from checks.probes.comm import record_comm
 from checks.ranks.context import RankContext
 from checks.workloads.gpt import batch
 from checks.zero import STAGES
