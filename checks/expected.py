@@ -19,7 +19,8 @@ joins the row with one space and the row keeps its first line's number.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -123,6 +124,36 @@ class Expected:
         if not condition:
             self.fail(rows, reason, message, **details)
 
+    def differing_rows(
+        self,
+        observed: Sequence[str],
+        *,
+        text: Callable[[Row], str] = lambda row: row.flat,
+        normalise: Callable[[str], str] = lambda value: " ".join(value.split()),
+    ) -> list[Row]:
+        """One observed item per row, in order: the first row that differs (or the first row not observed; an
+        observed item past the last row names the last row), or none when every row reads as observed. ``text`` is
+        what a row states (whitespace made one by default), ``normalise`` what is done to each observed item."""
+        stated = [text(row) for row in self.rows]
+        got = [normalise(item) for item in observed]
+        if got == stated or not self.rows:
+            return []
+        pairs = enumerate(zip(got, stated, strict=False))
+        first = next((i for i, (a, b) in pairs if a != b), min(len(got), len(stated)))
+        return [self.rows[min(first, len(self.rows) - 1)]]
+
+    def differing_values(
+        self,
+        observed: Mapping[str, Any],
+        *,
+        value: Callable[[Row], Any] = lambda row: row.value,
+        keys: Collection[str] | None = None,
+    ) -> list[Row]:
+        """Observed key → value against each row's key → ``value(row)``: every row (of ``keys`` only, when given)
+        whose value differs or whose key was not observed."""
+        rows = [row for row in self.rows if keys is None or row.key in keys]
+        return [row for row in rows if row.key not in observed or observed[row.key] != value(row)]
+
     def require_rows(
         self,
         observed: Sequence[str],
@@ -133,18 +164,12 @@ class Expected:
         normalise: Callable[[str], str] = lambda value: " ".join(value.split()),
         **details: Any,
     ) -> None:
-        """One observed item per row, in order: fail naming the first row that differs (or the first row not
-        observed); an observed item past the last row names the last row. ``text`` is what a row states
-        (whitespace made one by default), ``normalise`` what is done to each observed item before comparing."""
+        """Fail naming `differing_rows` unless the observed items read as the rows, in order."""
         stated = [text(row) for row in self.rows]
         got = [normalise(item) for item in observed]
-        if got == stated:
-            return
-        first = next(
-            (i for i, (a, b) in enumerate(zip(got, stated, strict=False)) if a != b), min(len(got), len(stated))
-        )
-        row = self.rows[min(first, len(self.rows) - 1)] if self.rows else ()
-        self.fail(row, reason, f"{what}: {got!r}, expected {stated!r}", observed=got, expected=stated, **details)
+        if got != stated:
+            rows = self.differing_rows(observed, text=text, normalise=normalise)
+            self.fail(rows, reason, f"{what}: {got!r}, expected {stated!r}", observed=got, expected=stated, **details)
 
     def require_values(
         self,
@@ -155,11 +180,28 @@ class Expected:
         value: Callable[[Row], Any] = lambda row: row.value,
         **details: Any,
     ) -> None:
-        """Observed key → value against each row's key → ``value(row)``: fail naming every row whose value differs
-        or whose key was not observed; an observed key no row states fails on the block (no row to name)."""
+        """Fail naming `differing_values` unless each row's key was observed with its value; an observed key no row
+        states fails on the block (there is no row to name)."""
         stated = {row.key: value(row) for row in self.rows}
-        wrong = [row for row in self.rows if row.key not in observed or observed[row.key] != stated[row.key]]
+        wrong = self.differing_values(observed, value=value)
         extra = sorted(set(observed) - set(stated))
         if wrong or extra:
             self.fail(wrong, reason, f"{what}: {dict(observed)!r}, expected {stated!r}", observed=dict(observed),
                       expected=stated, unstated=extra, **details)  # fmt: skip
+
+    @contextmanager
+    def naming_false_rows(self, false_rows: Callable[[], Sequence[Row]]) -> Iterator[None]:
+        """For comparisons with a torch-free model made before the guide's rows are read: a `Violation` raised
+        inside is raised again through this block, with its reason, message and details, naming the rows
+        ``false_rows()`` finds false in the same run (as it is, when it names rows already or none is false). The
+        model catches a changed torch first; the report still points at the guide's sentence it makes false."""
+        try:
+            yield
+        except Violation as violation:
+            rows = false_rows()
+            if violation.expect_rows or not rows:
+                raise
+            failure = violation
+        else:
+            return
+        self.fail(rows, failure.reason, str(failure), **failure.details)

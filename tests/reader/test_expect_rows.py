@@ -157,3 +157,17 @@ def test_require_values_names_every_row_whose_value_differs() -> None:
         BLOCK.require_values({"root": "blocks.2", "x": "y"}, reason="targets-differ", what="targets")
     assert [r["key"] for r in caught.value.expect_rows] == ["root", "blocks.0"]  # wrong, and not observed
     assert caught.value.details["unstated"] == ["x"]
+
+
+def test_a_model_comparison_that_fails_first_names_the_rows_the_same_run_makes_false() -> None:
+    observed = {"root": "blocks.2", "blocks.0": "blocks.1"}
+    with pytest.raises(Violation) as caught, BLOCK.naming_false_rows(lambda: BLOCK.differing_values(observed)):
+        raise Violation("differs-from-model", "root prefetched blocks.2, the model says blocks.0", unit="root")
+    assert (caught.value.reason, caught.value.details) == ("differs-from-model", {"unit": "root"})
+    assert [r["key"] for r in caught.value.expect_rows] == ["root"]
+    with (
+        pytest.raises(Violation) as unnamed,
+        BLOCK.naming_false_rows(lambda: BLOCK.differing_values(observed, keys=["blocks.0"])),
+    ):
+        raise Violation("differs-from-model", "no row of blocks.0 is false")
+    assert unnamed.value.expect_rows == ()  # raised as it was: no row to name

@@ -5,9 +5,9 @@ Expected values come from the torch-free models, never from the runs: `checks.mo
 data-parallel step, built on `checks.models.comm_volume`), `checks.models.zero_memory` (bytes per category),
 `checks.models.tensor_parallel` (shards and all-reduces of a Megatron block), `checks.models.pipeline` (stage
 orders, slots, transfers); the guide's expect blocks hold the numbers it states, compared last, and a model
-comparison that fails names the rows the same run makes false; references for numerics are the unsharded block or
-one process on the whole batch. The workloads are `checks.workloads.tensor_parallel_block` and
-`checks.workloads.pipeline_stages`.
+comparison that fails names the rows the same run makes false (`checks.expected.Expected.naming_false_rows`);
+references for numerics are the unsharded block or one process on the whole batch. The workloads are
+`checks.workloads.tensor_parallel_block` and `checks.workloads.pipeline_stages`.
 
 What the probes see: every collective at the dispatcher (`record_comm`; DTensor's all-reduces are
 ``_c10d_functional::all_reduce``, pipelining's sends and receives ``c10d::send`` / ``c10d::recv_`` with their
@@ -22,7 +22,7 @@ Modules:
 - `pipeline_traffic`: a stage's point-to-point messages per step, and the first step's extra functions.
 - `pipeline_schedules`: GPipe's and 1F1B's orders, slots, bubble, microbatches held and IR; their equivalence.
 - `two_d`: FSDP2 over tensor parallelism: placements, each mesh dimension's collectives, equivalence.
-- `guide_rows`: a ratio as the guide writes it, and the rows a failed model comparison makes false.
+- `ratios`: a ratio as the guide writes it.
 - `unsharded_reference`: a rank's chunk of the unsharded tensor, and the bound against the unsharded block.
 - `recipes`: the break-it recipes (the guide has no exercises).
 """

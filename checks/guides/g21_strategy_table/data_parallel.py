@@ -10,7 +10,7 @@ from functools import partial
 from typing import Any
 
 from checks.expected import Expected
-from checks.guides.g21_strategy_table.guide_rows import differing_values, naming_false_rows, ratio
+from checks.guides.g21_strategy_table.ratios import ratio
 from checks.models.cost import Plan, collectives
 from checks.models.zero_memory import per_rank
 from checks.probes.comm import CommLog, record_comm
@@ -123,7 +123,7 @@ def data_parallel_row(ctx: RankContext, impls: list[str], expected: Expected) ->
         values = _comm_values(impl, counts, ring / ddp_ring)
         values[f"{impl} memory"] = ", ".join(f"{c} {_share(got_memory[c], ddp_memory[c], n)}" for c in SHARED)
         rows = {f"{impl} {what}" for what in (*PHASES, "ring bytes", "memory")}  # the keys of this impl's rows
-        with naming_false_rows(expected, partial(differing_values, expected, values, rows)):
+        with expected.naming_false_rows(partial(expected.differing_values, values, keys=rows)):
             _require_model(impl, logs, ring, got_memory, ctx)
         observed |= values
         report[impl] = {"ring_bytes": float(ring), "of_ddp": ratio(ring / ddp_ring), "memory": got_memory,

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from checks.expected import Expected
-from checks.guides.g21_strategy_table.guide_rows import differing_values, naming_false_rows, ratio
+from checks.guides.g21_strategy_table.ratios import ratio
 from checks.models import pipeline as pl
 from checks.probes.stages import actions, held_at_most, record_stage_actions
 from checks.ranks.context import RankContext
@@ -40,7 +40,7 @@ def pp_schedule(ctx: RankContext, schedule: str, torch_ir: Expected, bubble: Exp
                 f"{schedule} idle slots": " ".join(str(pl.idle_slots(slots[r])) for r in sorted(slots)),
                 f"{schedule} in flight": " ".join(str(held[r]) for r in sorted(held))}  # fmt: skip
     model_orders = pl.orders(schedule, p, m)
-    with naming_false_rows(bubble, partial(differing_values, bubble, observed)):
+    with bubble.naming_false_rows(partial(bubble.differing_values, observed)):
         # The bubble first, from what ran: a schedule that runs another order may still leave the textbook bubble
         # (GPipe's and 1F1B's orders both do), and one that leaves another bubble is caught as such.
         require_equal(idle_share, pl.bubble_formula(p, m), reason="bubble-differs-from-formula",
@@ -57,7 +57,7 @@ def pp_schedule(ctx: RankContext, schedule: str, torch_ir: Expected, bubble: Exp
                 for r in range(p)]  # fmt: skip
     torch_ir.require_rows(ir_lines, reason="ir-differs-from-guide", what="torch's pipeline_order, per rank")
     want_held = {r: pl.in_flight(o) for r, o in model_orders.items()}
-    with naming_false_rows(bubble, partial(differing_values, bubble, observed)):
+    with bubble.naming_false_rows(partial(bubble.differing_values, observed)):
         require_equal(held, want_held, reason="in-flight-differs-from-model",
                       what="microbatches held at once, by stage")  # fmt: skip
     bubble.require_values(observed, reason="schedule-differs-from-guide", what="slots, bubble and microbatches held")

@@ -10,7 +10,6 @@ from functools import partial
 from typing import Any
 
 from checks.expected import Expected
-from checks.guides.g21_strategy_table.guide_rows import differing_values, naming_false_rows
 from checks.models import pipeline as pl
 from checks.probes.comm import CommLog, record_comm
 from checks.probes.stages import actions, record_stage_actions
@@ -51,7 +50,7 @@ def pp_transfers(ctx: RankContext, schedule: str, traffic: Expected, warmup_call
 
     def local_checks() -> None:
         _require_first_step_callers(warmup_callers, extra, ctx.rank)
-        with naming_false_rows(traffic, partial(differing_values, traffic, {row: messages}, {row})):
+        with traffic.naming_false_rows(partial(traffic.differing_values, {row: messages}, keys={row})):
             want = pl.step_transfers(order, ctx.rank, ctx.world_size, ACTIVATION_NUMEL)
             require_equal(
                 Counter(_transfer(c) for c in comm),

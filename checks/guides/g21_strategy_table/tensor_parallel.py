@@ -11,7 +11,6 @@ from typing import Any
 import torch
 
 from checks.expected import Expected
-from checks.guides.g21_strategy_table.guide_rows import differing_values, first_differing_row, naming_false_rows
 from checks.guides.g21_strategy_table.unsharded_reference import LR, chunk_of, full, require_close
 from checks.models import tensor_parallel as tpm
 from checks.probes.comm import record_comm
@@ -44,7 +43,7 @@ def tp_shards(ctx: RankContext, expected: Expected) -> dict[str, Any]:
     observed = {name: f"{param.placements[0]!r} {'x'.join(map(str, param.to_local().shape))}"
                 for name, param in sharded.items()}  # fmt: skip
     held = 0
-    with naming_false_rows(expected, partial(differing_values, expected, observed)):
+    with expected.naming_false_rows(partial(expected.differing_values, observed)):
         for name, param in model.named_parameters():
             if name not in want:
                 require(not isinstance(param, DTensor), "not-a-linear-sharded", f"{name} is a DTensor", name=name)
@@ -99,7 +98,7 @@ def tp_collectives(ctx: RankContext, prepared: bool, expected: Expected) -> dict
     want = tpm.collectives(block_regions(prepared), TP_BATCH * TP_SEQ, ctx.world_size)
     got = [(c.op, c.numel, c.dtype.removeprefix("torch."), c.in_backward) for c in comm]
     ring = tpm.step_ring_bytes(want, 4, ctx.world_size)
-    with naming_false_rows(expected, partial(first_differing_row, expected, lines)):
+    with expected.naming_false_rows(partial(expected.differing_rows, lines)):
         require_equal(got, [(o.op, o.numel, "float32", o.backward) for o in want],
                       reason="collectives-differ-from-model",
                       what="(op, elements, dtype, in backward) of every collective, in order")  # fmt: skip

@@ -10,7 +10,6 @@ from typing import Any
 import torch
 
 from checks.expected import Expected
-from checks.guides.g21_strategy_table.guide_rows import differing_values, first_differing_row, naming_false_rows
 from checks.guides.g21_strategy_table.unsharded_reference import LR, chunk_of, full, require_close
 from checks.models import tensor_parallel as tpm
 from checks.models.comm_volume import fsdp2_padded, sharded_step
@@ -45,7 +44,7 @@ def two_d_placements(ctx: RankContext, expected: Expected) -> dict[str, Any]:
     specs = tpm.shards(block_linears(True), TP)
     placements = {s.name: "(" + ", ".join(repr(p) for p in params[s.name].placements) + ")" for s in specs}
     observed = {s.name: f"{placements[s.name]} {'x'.join(map(str, params[s.name].to_local().shape))}" for s in specs}
-    with naming_false_rows(expected, partial(differing_values, expected, observed)):
+    with expected.naming_false_rows(partial(expected.differing_values, observed)):
         for spec in specs:
             local = params[spec.name].to_local()
             require_equal(placements[spec.name], tpm.fsdp_over_tp_placements(spec, TP),
@@ -89,7 +88,7 @@ def two_d_collectives(ctx: RankContext, expected: Expected) -> dict[str, Any]:
     norms = [(D_MODEL,)] * 4  # the LayerNorms' weights and biases: plain tensors to tp, sharded by FSDP
     dp_model = sharded_step(fsdp2_padded({"root": [*local_shapes, *norms]}, DP), set(), 4, DP)
     want_tp = tpm.collectives(block_regions(True), TP_BATCH * TP_SEQ, TP)
-    with naming_false_rows(expected, partial(first_differing_row, expected, lines)):
+    with expected.naming_false_rows(partial(expected.differing_rows, lines)):
         require_equal(seen["dp"], [(o.op, o.numel, o.backward) for o in dp_model.ops],
                       reason="dp-collectives-differ-from-model",
                       what="collectives on the dp group (op, elements, in backward)")  # fmt: skip
