@@ -11,44 +11,16 @@ from __future__ import annotations
 
 import ast
 import re
-import shutil
-from dataclasses import dataclass
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import pytest
 
+from tests.rooms_support import Breach, append, copy_of, declared_rooms, docstring
+
 REPO = Path(__file__).resolve().parents[1]
 FLOOR = {"naming", "numerics", "violation", "expected"}  # checks/*.py: importable from every room
-MAY_IMPORT = re.compile(r"^May import: (?P<rooms>.+?)\.?$", re.M)
 GUIDE = re.compile(r"^g\d\d_\w+$")
-
-
-@dataclass(frozen=True)
-class Breach:
-    path: Path
-    line: int
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.message}"
-
-
-def _docstring(init: Path) -> str:
-    return ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
-
-
-def declared_rooms(checks: Path) -> dict[str, frozenset[str]]:
-    """Room → the rooms it may import, from each room's ``__init__`` docstring."""
-    rooms: dict[str, frozenset[str]] = {}
-    for init in sorted(checks.glob("*/__init__.py")):
-        found = MAY_IMPORT.search(_docstring(init))
-        if found is None:
-            raise AssertionError(f"{init}: the docstring says no `May import: ...` line")
-        text = found.group("rooms").strip()
-        allowed = () if text == "nothing else of checks" else (r.strip() for r in text.split(","))
-        rooms[init.parent.name] = frozenset(allowed)
-    return rooms
 
 
 def _module_name(checks: Path, path: Path) -> str:
@@ -86,7 +58,7 @@ def _room_and_guide(module: str) -> tuple[str, str | None]:
 
 def _map_names(checks: Path, package: Path) -> list[Breach]:
     """A package's ``__init__`` names each module and subpackage it holds (as `` `name` ``)."""
-    text = _docstring(package / "__init__.py")
+    text = docstring(package / "__init__.py")
     held = sorted(p.stem for p in package.glob("*.py") if p.stem != "__init__")
     held += sorted(p.name for p in package.iterdir() if (p / "__init__.py").is_file())
     return [
@@ -144,21 +116,12 @@ def test_the_check_rooms_keep_their_import_direction_and_their_maps() -> None:
 
 @pytest.fixture
 def copy_of_checks(tmp_path: Path) -> Path:
-    copied = tmp_path / "checks"
-    shutil.copytree(REPO / "checks", copied, ignore=shutil.ignore_patterns("__pycache__"))
-    return copied
-
-
-def _append(path: Path, text: str) -> int:
-    """Append ``text`` to ``path``; the line it starts on."""
-    before = path.read_text(encoding="utf-8")
-    path.write_text(before + text, encoding="utf-8")
-    return before.count("\n") + 1
+    return copy_of(REPO / "checks", tmp_path)
 
 
 def test_a_guide_importing_another_guide_is_caught(copy_of_checks: Path) -> None:
     g04 = copy_of_checks / "guides" / "g04_forward_prefetch.py"
-    line = _append(g04, "\n\ndef _late() -> None:\n    from checks.guides.g03_unshard_reshard import fsdp1_gpt\n") + 3
+    line = append(g04, "\n\ndef _late() -> None:\n    from checks.guides.g03_unshard_reshard import fsdp1_gpt\n") + 3
     assert [str(b) for b in breaches(copy_of_checks)] == [
         f"{g04}:{line}: imports checks.guides.g03_unshard_reshard: a guide imports no other guide; move what both "
         "use down to workloads, probes or models"
@@ -167,9 +130,9 @@ def test_a_guide_importing_another_guide_is_caught(copy_of_checks: Path) -> None
 
 def test_a_room_importing_against_its_direction_is_caught(copy_of_checks: Path) -> None:
     clock = copy_of_checks / "probes" / "clock.py"
-    line = _append(clock, "from checks.workloads.gpt import batch\n")
+    line = append(clock, "from checks.workloads.gpt import batch\n")
     naming = copy_of_checks / "naming.py"
-    floor = _append(naming, "import checks.ranks.context\n")
+    floor = append(naming, "import checks.ranks.context\n")
     assert [str(b) for b in breaches(copy_of_checks)] == [
         f"{naming}:{floor}: imports checks.ranks.context: a floor module imports no room",
         f"{clock}:{line}: imports checks.workloads.gpt: `probes` may import ranks",
@@ -177,7 +140,7 @@ def test_a_room_importing_against_its_direction_is_caught(copy_of_checks: Path) 
 
 
 def test_modules_of_a_room_importing_each_other_in_a_circle_are_caught(copy_of_checks: Path) -> None:
-    _append(copy_of_checks / "probes" / "clock.py", "from checks.probes import comm\n")  # comm imports clock
+    append(copy_of_checks / "probes" / "clock.py", "from checks.probes import comm\n")  # comm imports clock
     (found,) = breaches(copy_of_checks)
     assert found.message.startswith("modules import each other in a circle: ")
     assert {"checks.probes.clock", "checks.probes.comm"} <= set(found.message.split(": ")[1].split(" -> "))

@@ -8,45 +8,19 @@ written: at module level, inside a function (the lazy imports of the commands), 
 from __future__ import annotations
 
 import ast
-import re
-import shutil
 import subprocess
 import sys
 import tomllib
-from dataclasses import dataclass
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import pytest
 
+from tests.rooms_support import Breach, append, copy_of, declared_rooms
+
 REPO = Path(__file__).resolve().parents[2]
 ENTRY_POINTS = {"__init__", "__main__", "cli", "plugin"}  # the only modules reader/ keeps at its top level
 MAX_ROOM_MODULES = 12
-MAY_IMPORT = re.compile(r"^May import: (?P<rooms>.+?)\.?$", re.M)
-
-
-@dataclass(frozen=True)
-class Breach:
-    path: Path
-    line: int
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.message}"
-
-
-def declared_rooms(reader: Path) -> dict[str, frozenset[str]]:
-    """Room → the rooms it may import, from each room's ``__init__`` docstring."""
-    rooms: dict[str, frozenset[str]] = {}
-    for init in sorted(reader.glob("*/__init__.py")):
-        docstring = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
-        found = MAY_IMPORT.search(docstring)
-        if found is None:
-            raise AssertionError(f"{init}: the docstring says no `May import: ...` line")
-        text = found.group("rooms").strip()
-        allowed = () if text == "nothing else of reader" else (r.strip() for r in text.split(","))
-        rooms[init.parent.name] = frozenset(allowed)
-    return rooms
 
 
 def imported_rooms(path: Path, rooms: set[str]) -> list[tuple[int, str, str]]:
@@ -108,23 +82,14 @@ def test_the_rooms_keep_their_import_direction() -> None:
 
 @pytest.fixture
 def copy_of_reader(tmp_path: Path) -> Path:
-    copied = tmp_path / "reader"
-    shutil.copytree(REPO / "reader", copied, ignore=shutil.ignore_patterns("__pycache__"))
-    return copied
-
-
-def _append(path: Path, text: str) -> int:
-    """Append ``text`` to ``path``; the line it starts on."""
-    before = path.read_text(encoding="utf-8")
-    path.write_text(before + text, encoding="utf-8")
-    return before.count("\n") + 1
+    return copy_of(REPO / "reader", tmp_path)
 
 
 def test_a_lower_room_importing_a_higher_one_is_caught(copy_of_reader: Path) -> None:
     guide = copy_of_reader / "format" / "guide.py"
-    line = _append(guide, "from reader.claims.verdict import decide\n")
+    line = append(guide, "from reader.claims.verdict import decide\n")
     anchors = copy_of_reader / "source" / "anchors.py"
-    lazy = _append(anchors, "\n\ndef _late() -> None:\n    import reader.gate.lock\n") + 3
+    lazy = append(anchors, "\n\ndef _late() -> None:\n    import reader.gate.lock\n") + 3
     assert [str(b) for b in breaches(copy_of_reader)] == [
         f"{guide}:{line}: imports reader.claims.verdict: `format` may import source",
         f"{anchors}:{lazy}: imports reader.gate.lock: `source` may import nothing else of reader",
@@ -133,9 +98,9 @@ def test_a_lower_room_importing_a_higher_one_is_caught(copy_of_reader: Path) -> 
 
 def test_a_room_importing_an_entry_point_or_a_sibling_it_does_not_declare_is_caught(copy_of_reader: Path) -> None:
     items = copy_of_reader / "pytest_plugin" / "items.py"
-    entry = _append(items, "from reader.plugin import claim_request\n")
+    entry = append(items, "from reader.plugin import claim_request\n")
     guide_view = copy_of_reader / "views" / "guide.py"
-    sibling = _append(guide_view, "from reader import pytest_plugin\n")
+    sibling = append(guide_view, "from reader import pytest_plugin\n")
     assert [str(b) for b in breaches(copy_of_reader)] == [
         f"{items}:{entry}: imports reader.plugin: an entry point; import the room that holds it",
         f"{guide_view}:{sibling}: imports reader.pytest_plugin: `views` may import claims, format, gate, source",
