@@ -14,16 +14,19 @@ unexpected pass of a strict xfail, or the wrong failure). The fixture asserts th
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from checks.expected import Expected, Row
 from checks.ranks.manager import PoolManager
 from checks.ranks.protocol import CheckRun, Patch
 from reader.claims.properties import run_claim
 from reader.claims.verdict import fails_as_expected
+from reader.format.expect_rows import parse_row
 from reader.format.guide import Guide
 from reader.format.parse import load_guide, looks_like_guide
 from reader.pytest_plugin.hooks import claim_request
@@ -46,6 +49,30 @@ def guides() -> dict[str, Guide]:
 
 
 BreakRunner = Callable[..., CheckRun]
+
+
+def expect_block(guide_id: str, name: str) -> Expected:
+    """The guide's expect block ``name`` as its checks receive it on the installed torch."""
+    guide = guides()[guide_id]
+    block = guide.expect_blocks(guide.read_on)[name].expected
+    assert block is not None, f"{guide_id}: expect block `{name}` did not parse"
+    return block
+
+
+def restated(guide_id: str, name: str, rows: Mapping[str, str]) -> Expected:
+    """Block ``name`` with each row keyed in ``rows`` stating something else, each keeping its line: what follows
+    the key (a mapping row's value, a pairs row's target, a table row's other cells two spaces apart), or a lines
+    row's whole text; read by the guide parser's own row grammar, so the row is one a guide could hold."""
+    block = expect_block(guide_id, name)
+    joins = {"mapping": "{}: {}", "pairs": "{} → {}", "table": "{}  {}"}
+
+    def said(row: Row) -> Row:
+        if row.key not in rows:
+            return row
+        text = rows[row.key] if block.shape == "lines" else joins[block.shape].format(row.key, rows[row.key])
+        return parse_row(block.shape, row.line, text, block.header)
+
+    return replace(block, rows=tuple(said(row) for row in block))
 
 
 def named_rows(run: CheckRun) -> list[tuple[str, str]]:

@@ -1,6 +1,7 @@
 """Guide 04: bend forward prefetch and watch the claims fail."""
 
 from dataclasses import replace
+from functools import partial
 
 import pytest
 
@@ -14,15 +15,12 @@ from checks.guides.g04_forward_prefetch import (
     prefetch_two_ahead,
     unshard_even_if_prefetched,
 )
-from tests.break_it.conftest import guides, named_rows
+from tests.break_it.conftest import expect_block, named_rows
+
+block = partial(expect_block, "04-forward-prefetch")
 
 RU = "torch.distributed.fsdp._runtime_utils"
 EOD = "torch.distributed.fsdp._exec_order_utils:_ExecOrderData"
-
-
-def block(name: str):
-    """The guide's expect block ``name`` as its checks receive it."""
-    return guides()["04-forward-prefetch"].expect_blocks()[name].expected
 
 
 @pytest.mark.breaks("04-forward-prefetch", "no-prefetch-in-iteration-1")

@@ -1,11 +1,8 @@
 """Guide 13: bend the reference ZeRO and torch's ZeRO relatives, and watch the claims fail for the right reason."""
 
-from dataclasses import replace
-
 import pytest
 
 from checks.breakit.patches import replacing, returning, set_to, skipping, wrapping
-from checks.expected import Expected
 from checks.guides.g13_zero_stages import (
     EXTRA_TEMP_BYTES,
     adam_forgetting_amsgrad,
@@ -16,7 +13,7 @@ from checks.guides.g13_zero_stages import (
     neighbours_range,
     sgd_keeping_momentum_always,
 )
-from tests.break_it.conftest import guides, named_rows
+from tests.break_it.conftest import named_rows, restated
 
 ZRO = "torch.distributed.optim.zero_redundancy_optimizer:ZeroRedundancyOptimizer"
 RU = "torch.distributed.fsdp._runtime_utils"
@@ -198,21 +195,14 @@ def test_an_adam_that_forgets_amsgrads_buffer_is_caught(broken) -> None:
     assert run.details["expected"]["optim"] - run.details["observed"]["optim"] == 4 * PSI
 
 
-def restated(block: str, key: str, value: str) -> Expected:
-    """The guide's mapping block ``block`` with the row ``key`` stating ``value`` instead (same line)."""
-    expected = guides()["13-zero-stages"].expect_blocks()[block].expected
-    assert expected is not None and expected.shape == "mapping"
-    rows = tuple(
-        replace(row, text=f"{key}: {value}", value=value, cells=(key, value)) if row.key == key else row
-        for row in expected.rows
-    )
-    return replace(expected, rows=rows)
-
-
 @pytest.mark.breaks("13-zero-stages", "memory-optimizers")
 def test_a_guide_that_misstates_momentums_state_is_caught(broken) -> None:
     # The guide's row for SGD with momentum as if it also kept a step scalar per tensor (4 bytes × 40 tensors).
-    run = broken(expected=restated("optimizer-state", "sgd-momentum", "206,512 bytes of optimizer state on a DDP rank"))
+    run = broken(
+        expected=restated(
+            "13-zero-stages", "optimizer-state", {"sgd-momentum": "206,512 bytes of optimizer state on a DDP rank"}
+        )
+    )
     assert run.reason == "state-differs-from-guide"
     assert named_rows(run) == [("optimizer-state", "sgd-momentum")]
     assert run.details["observed"]["sgd-momentum"] == "206,352 bytes of optimizer state on a DDP rank"

@@ -4,14 +4,13 @@ request for a group in flight all-gathered again; the post-forward order cleared
 last, from the wrong place, or not at all, and (torch >= 2.15) manual finalization ignored, its
 deferred reductions dropped, an asynchronous finalization that waits at once, a forward let through before wait()."""
 
-from dataclasses import replace
+from functools import partial
 
 import pytest
 import torch
 from packaging.version import Version
 
 from checks.breakit.patches import returning, wrapping
-from checks.expected import Expected, Row
 from checks.guides.g17_fsdp2_prefetch.recipes import (
     callback_ignores_manual_mode,
     callback_queued_every_time,
@@ -34,7 +33,10 @@ from checks.guides.g17_fsdp2_prefetch.recipes import (
     record_first_use_only,
     regather_when_pending,
 )
-from tests.break_it.conftest import guides, named_rows
+from tests.break_it.conftest import expect_block, named_rows, restated
+
+block = partial(expect_block, "17-fsdp2-prefetch")
+rewritten = partial(restated, "17-fsdp2-prefetch")
 
 GROUP = "torch.distributed.fsdp._fully_shard._fsdp_param_group:FSDPParamGroup"
 STATE = "torch.distributed.fsdp._fully_shard._fsdp_state:FSDPState"
@@ -54,30 +56,6 @@ needs_new = pytest.mark.skipif(not TORCH_2_15, reason=f"the claim is for torch >
 PATH_2_13 = ["FSDPState._root_post_backward_final_callback"]
 PATH_2_15 = [*PATH_2_13, "FSDPState.wait_for_gradient_reduction", "FSDPState._end_backward_iteration"]
 CLEAR_PATHS = "clear-paths-2.15" if TORCH_2_15 else "clear-paths-2.13"
-
-
-def block(name: str) -> Expected:
-    """The guide's expect block ``name`` as its checks receive it on this torch."""
-    guide = guides()["17-fsdp2-prefetch"]
-    return guide.expect_blocks(guide.read_on)[name].expected
-
-
-def rewritten(name: str, texts: dict[str, str]) -> Expected:
-    """Block ``name`` with the rows keyed in ``texts`` saying something else: a mapping row's value, a table row's
-    cells after its key (two spaces apart), a lines row's text."""
-    original = block(name)
-
-    def say(row: Row) -> Row:
-        if row.key not in texts:
-            return row
-        if original.shape == "lines":
-            return replace(row, text=texts[row.key], key=texts[row.key], cells=(texts[row.key],))
-        value = texts[row.key]
-        cells = (row.key, value) if original.shape == "mapping" else (row.key, *value.split("  "))
-        text = f"{row.key}: {value}" if original.shape == "mapping" else "  ".join(cells)
-        return replace(row, text=text, value=value, cells=cells)
-
-    return replace(original, rows=tuple(say(row) for row in original))
 
 
 @pytest.mark.breaks("17-fsdp2-prefetch", "no-implicit-forward-prefetch")

@@ -8,14 +8,13 @@ chosen as 2.13 chose it, its upcast of a waiting gradient skipped, its unsharded
 
 from __future__ import annotations
 
-from dataclasses import replace
+from functools import partial
 
 import pytest
 import torch
 from packaging.version import Version
 
 from checks.breakit.patches import wrapping
-from checks.expected import Expected, Row
 from checks.guides.g18_fsdp2_reshard_and_gradients.gradients import require_counts_near
 from checks.guides.g18_fsdp2_reshard_and_gradients.recipes import (
     grad_dtype_is_reduce_dtype,
@@ -36,7 +35,10 @@ from checks.guides.g18_fsdp2_reshard_and_gradients.recipes import (
     upcast_always_deferred,
 )
 from checks.violation import Violation
-from tests.break_it.conftest import guides, named_rows
+from tests.break_it.conftest import expect_block, named_rows, restated
+
+block = partial(expect_block, "18-fsdp2-reshard-and-gradients")
+rewritten = partial(restated, "18-fsdp2-reshard-and-gradients")
 
 F2 = "torch.distributed.fsdp._fully_shard"
 GROUP = f"{F2}._fsdp_param_group:FSDPParamGroup"
@@ -47,28 +49,6 @@ DIVIDE_FACTORS = f"{F2}._fsdp_collectives:_get_gradient_divide_factors"
 GRAD_DTYPE = Version(torch.__version__.split("+")[0]) >= Version("2.15")  # FSDP2 sets the gradient dtype
 needs_old = pytest.mark.skipif(GRAD_DTYPE, reason=f"the claim is for torch < 2.15; this is {torch.__version__}")
 needs_new = pytest.mark.skipif(not GRAD_DTYPE, reason=f"the claim is for torch >= 2.15; this is {torch.__version__}")
-
-
-def block(name: str) -> Expected:
-    """The guide's expect block ``name`` as its checks receive it on this torch."""
-    guide = guides()["18-fsdp2-reshard-and-gradients"]
-    return guide.expect_blocks(guide.read_on)[name].expected
-
-
-def rewritten(name: str, texts: dict[str, str]) -> Expected:
-    """Block ``name`` with the rows keyed in ``texts`` saying something else: a mapping row's value, or a table
-    row's cells after its key (two spaces apart)."""
-    original = block(name)
-
-    def say(row: Row) -> Row:
-        if row.key not in texts:
-            return row
-        value = texts[row.key]
-        cells = (row.key, value) if original.shape == "mapping" else (row.key, *value.split("  "))
-        text = f"{row.key}: {value}" if original.shape == "mapping" else "  ".join(cells)
-        return replace(row, text=text, value=value, cells=cells)
-
-    return replace(original, rows=tuple(say(row) for row in original))
 
 
 @pytest.mark.breaks("18-fsdp2-reshard-and-gradients", "settings-at-2")

@@ -3,11 +3,11 @@ reversed, a rebuild that ignores the cap list or never happens, an extra broadca
 its no_sync, gradient_as_bucket_view and comm hooks, and watch each claim fail for its reason."""
 
 from dataclasses import replace
+from functools import partial
 
 import pytest
 
 from checks.breakit.patches import skipping, wrapping
-from checks.expected import Expected
 from checks.guides.g19_ddp_buckets.recipes import (
     allreduce_fut_twice,
     allreduce_fut_undivided,
@@ -30,7 +30,9 @@ from checks.guides.g19_ddp_buckets.recipes import (
     rebuild_ignores_the_list,
     reducer_not_reversed,
 )
-from tests.break_it.conftest import guides, named_rows
+from tests.break_it.conftest import expect_block, named_rows, restated
+
+block = partial(expect_block, "19-ddp-buckets")
 
 PD = "torch.nn.parallel.distributed"
 DDP = f"{PD}:DistributedDataParallel"
@@ -71,23 +73,6 @@ def where(run) -> tuple:
     return run.reason, run.details.get("iteration")
 
 
-def block(name: str) -> Expected:
-    """The guide's expect block ``name`` as its checks receive it."""
-    return guides()["19-ddp-buckets"].expect_blocks()[name].expected
-
-
-def restated(name: str, values: dict[str, str]) -> Expected:
-    """The guide's mapping block ``name`` with each row keyed in ``values`` stating that value instead."""
-    expected = block(name)
-    rows = tuple(
-        replace(row, text=f"{row.key}: {values[row.key]}", value=values[row.key], cells=(row.key, values[row.key]))
-        if row.key in values
-        else row
-        for row in expected.rows
-    )
-    return replace(expected, rows=rows)
-
-
 # -- default-buckets --------------------------------------------------------------------------------------------
 @pytest.mark.breaks("19-ddp-buckets", "default-buckets")
 def test_caps_in_iteration_1_are_caught(broken) -> None:
@@ -125,7 +110,9 @@ def test_an_extra_broadcast_is_caught(broken) -> None:
 @pytest.mark.breaks("19-ddp-buckets", "default-buckets")
 def test_the_guides_numbers_are_checked(broken) -> None:
     # A guide that forgets the rebuild: one bucket in every iteration.
-    run = broken(expected=restated("default-buckets", {"iteration 2": "394752", "iteration 3": "394752"}))
+    run = broken(
+        expected=restated("19-ddp-buckets", "default-buckets", {"iteration 2": "394752", "iteration 3": "394752"})
+    )
     assert run.reason == "numbers-differ-from-guide"
     assert run.details["observed"][1] == "iteration 2: 263168 131584"
     assert named_rows(run) == [("default-buckets", "iteration 2")]
@@ -376,7 +363,11 @@ def test_buckets_in_iteration_1_overlap_and_are_caught(broken) -> None:
 def test_the_guides_issue_order_is_checked(broken) -> None:
     # A guide that states no overlap after the rebuild either.
     no_overlap = "1 all-reduce, after all 52 gradients"
-    run = broken(expected=restated("grammar-issue-order", {"iteration 2": no_overlap, "iteration 3": no_overlap}))
+    run = broken(
+        expected=restated(
+            "19-ddp-buckets", "grammar-issue-order", {"iteration 2": no_overlap, "iteration 3": no_overlap}
+        )
+    )
     assert run.reason == "issue-order-differs-from-guide"
     assert named_rows(run) == [("grammar-issue-order", "iteration 2")]
 
@@ -384,7 +375,7 @@ def test_the_guides_issue_order_is_checked(broken) -> None:
 @pytest.mark.breaks("19-ddp-buckets", "overlap-from-iteration-2")
 def test_the_guides_first_and_last_gradients_are_checked(broken) -> None:
     # A guess that forgets the tie: the head's weight ready first.
-    run = broken(ends=restated("grammar-ready-ends", {"first ready": "lm_head.weight"}))
+    run = broken(ends=restated("19-ddp-buckets", "grammar-ready-ends", {"first ready": "lm_head.weight"}))
     assert run.reason == "ready-ends-differ-from-guide"
     assert run.details["observed"] == ["first ready: ln_f.weight", "last ready: tok_emb.weight"]
     assert named_rows(run) == [("grammar-ready-ends", "first ready")]
@@ -399,7 +390,7 @@ def test_one_bucket_after_the_rebuild_does_not_overlap_at_4(broken) -> None:
 def test_the_guides_issue_order_is_checked_at_4(broken) -> None:
     # One gradient fewer still to come in iteration 3 than the guide's row: the count is the run's, not a guess.
     off_by_one = "2 all-reduces, bucket 0's with 21 of 52 gradients to come"
-    run = broken(expected=restated("grammar-issue-order", {"iteration 3": off_by_one}))
+    run = broken(expected=restated("19-ddp-buckets", "grammar-issue-order", {"iteration 3": off_by_one}))
     assert run.reason == "issue-order-differs-from-guide"
     assert named_rows(run) == [("grammar-issue-order", "iteration 3")]
 
@@ -454,7 +445,9 @@ def test_gradients_that_are_always_views_are_caught(broken) -> None:
 @pytest.mark.breaks("19-ddp-buckets", "gradient-as-bucket-view")
 def test_the_guides_bytes_are_checked(broken) -> None:
     # A guide that claims no saving: without the option, the same bytes as with it.
-    run = broken(expected=restated("bucket-view-bytes", {"without gradient_as_bucket_view": "1579008 bytes"}))
+    run = broken(
+        expected=restated("19-ddp-buckets", "bucket-view-bytes", {"without gradient_as_bucket_view": "1579008 bytes"})
+    )
     assert run.reason == "bytes-differ-from-guide"
     assert run.details["observed"][1] == "without gradient_as_bucket_view: 3158016 bytes"
     assert named_rows(run) == [("bucket-view-bytes", "without gradient_as_bucket_view")]

@@ -4,12 +4,9 @@ its overrides missing, ``all`` for ``any``, kwargs dropped, an inverted lambda, 
 ``isinstance``), the tied weight's view of its shard, FSDP2's managed modules and states, and the step a
 granularity runs, and watch each claim fail for its reason."""
 
-from dataclasses import replace
-
 import pytest
 
 from checks.breakit.patches import replacing, skipping, wrapping
-from checks.expected import Expected
 from checks.guides.g20_auto_wrap.recipes import (
     all_policies,
     also_linears,
@@ -33,7 +30,7 @@ from checks.guides.g20_auto_wrap.recipes import (
     unaligned,
     without_overrides,
 )
-from tests.break_it.conftest import guides, named_rows
+from tests.break_it.conftest import named_rows, restated
 
 WRAP = "torch.distributed.fsdp.wrap"
 SIZE = f"{WRAP}:size_based_auto_wrap_policy"
@@ -71,16 +68,6 @@ def names(units: dict) -> list[str]:
     return list(units)
 
 
-def edited(block: str, key: str, value: str) -> Expected:
-    """The guide's mapping block ``block`` with row ``key`` stating ``value`` instead (the row keeps its line)."""
-    expected = guides()["20-auto-wrap"].expect_blocks()[block].expected
-    rows = tuple(
-        replace(row, text=f"{key}: {value}", value=value, cells=(key, value)) if row.key == key else row
-        for row in expected.rows
-    )
-    return replace(expected, rows=rows)
-
-
 # -- per-block-units ----------------------------------------------------------------------------------------------
 @pytest.mark.breaks("20-auto-wrap", "per-block-units")
 def test_a_policy_that_misses_a_block_is_caught(broken) -> None:
@@ -109,7 +96,7 @@ def test_a_policy_that_takes_the_wrong_modules_is_caught(broken) -> None:
 
 @pytest.mark.breaks("20-auto-wrap", "per-block-units")
 def test_the_guides_units_are_checked(broken) -> None:
-    run = broken(expected=edited("gpt-units", "root", "51588 in 40 parameters"))
+    run = broken(expected=restated("20-auto-wrap", "gpt-units", {"root": "51588 in 40 parameters"}))
     assert run.reason == "units-differ-from-guide"
     assert run.details["observed"]["root"] == "3528 in 4 parameters, shared lm_head.weight"
     assert named_rows(run) == [("gpt-units", "root")]
