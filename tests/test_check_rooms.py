@@ -9,43 +9,26 @@ that guards reader/ (``tests/reader/test_rooms.py``) reads its rules from the do
 
 from __future__ import annotations
 
-import ast
 import re
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import pytest
 
-from tests.rooms_support import Breach, append, copy_of, declared_rooms, docstring
+from tests.rooms_support import (
+    Breach,
+    append,
+    copy_of,
+    declared_rooms,
+    docstring,
+    imports_of,
+    module_cycle,
+    module_name,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 FLOOR = {"naming", "numerics", "violation", "expected"}  # checks/*.py: importable from every room
 GUIDE = re.compile(r"^g\d\d_\w+$")
-
-
-def _module_name(checks: Path, path: Path) -> str:
-    parts = path.relative_to(checks.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def imports_of(checks: Path, path: Path) -> list[tuple[int, str]]:
-    """(line, module) of each checks module ``path`` imports: ``from checks.probes import clock`` names the
-    submodule ``checks.probes.clock`` when there is one, else the package (a name its ``__init__`` holds)."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            targets = []
-            for alias in node.names:
-                submodule = f"{node.module}.{alias.name}"
-                as_path = checks.parent.joinpath(*submodule.split("."))
-                is_module = as_path.with_suffix(".py").is_file() or (as_path / "__init__.py").is_file()
-                targets.append(submodule if is_module else node.module)
-        else:
-            continue
-        found += [(node.lineno, target) for target in targets if target.split(".")[0] == checks.name]
-    return found
 
 
 def _room_and_guide(module: str) -> tuple[str, str | None]:
@@ -64,7 +47,7 @@ def _map_names(checks: Path, package: Path) -> list[Breach]:
     return [
         Breach(package / "__init__.py", 1, f"the map does not name `{name}`")
         for name in held
-        if f"`{name}`" not in text and f"`{_module_name(checks, package)}.{name}`" not in text
+        if f"`{name}`" not in text and f"`{module_name(checks, package)}.{name}`" not in text
     ]
 
 
@@ -81,29 +64,24 @@ def breaches(checks: Path) -> list[Breach]:
     for top in sorted(checks.glob("*.py")):
         if top.stem not in FLOOR | {"__init__"}:
             found.append(Breach(top, 1, f"a module on checks/'s floor: put `{top.stem}` in a room"))
-    graph: dict[str, set[str]] = {}
     for path in sorted(checks.rglob("*.py")):
         if "__pycache__" in path.parts:
             continue
-        module = _module_name(checks, path)
+        module = module_name(checks, path)
         room, guide = _room_and_guide(module)
-        graph.setdefault(module, set())
         for line, target in imports_of(checks, path):
             target_room, target_guide = _room_and_guide(target)
             if target_room == room:
                 if guide is not None and target_guide is not None and target_guide != guide:
                     found.append(Breach(path, line, f"imports {target}: a guide imports no other guide; move what "
                                                     "both use down to workloads, probes or models"))  # fmt: skip
-                graph[module].add(target)
             elif room in FLOOR and target_room not in FLOOR:
                 found.append(Breach(path, line, f"imports {target}: a floor module imports no room"))
             elif room in rooms and target_room not in FLOOR | rooms[room]:
                 may = ", ".join(sorted(rooms[room])) or "nothing else of checks"
                 found.append(Breach(path, line, f"imports {target}: `{room}` may import {may}"))
-    try:
-        TopologicalSorter(graph).prepare()
-    except CycleError as exc:
-        found.append(Breach(checks, 1, f"modules import each other in a circle: {' -> '.join(exc.args[1])}"))
+    if cycle := module_cycle(checks, lambda module: _room_and_guide(module)[0]):
+        found.append(Breach(checks, 1, f"modules import each other in a circle: {' -> '.join(cycle)}"))
     for package in sorted({p.parent for p in checks.rglob("__init__.py")} - {checks}):
         if "__pycache__" not in package.parts:
             found += _map_names(checks, package)

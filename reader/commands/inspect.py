@@ -23,6 +23,7 @@ from checks.models.zero_memory import OPTIMIZERS
 from checks.naming import clean
 from reader.commands import estimate as estimate_command
 from reader.commands import inspect_views as views
+from reader.commands import job_inputs
 from reader.study.session import BROKEN, CLEAN, FAILED
 from reader.views.fit import Column, fit_table
 
@@ -202,7 +203,7 @@ def _meta_report(
     if args.json:
         sizes = {n: {"padded": lay.padded_numel, "padding": lay.padded_numel - sum(lay.numels)}
                  for n, lay in layouts.items()}  # fmt: skip
-        model = estimate_command.Model(params, args.model)
+        model = job_inputs.Model(params, args.model)
         doc = {"model": args.model, "policy": policy.describe(policy.parse_wrap(args.wrap)), "units": units,
                "layout": sizes, **estimate_command.estimates_json(model, estimates, None)}  # fmt: skip
         console.print_json(json.dumps(doc, default=str))
@@ -213,7 +214,7 @@ def _meta_report(
     columns = [Column("unit"), Column("class"), *(Column(c, "right") for c in ("tensors", "padded", "padding"))]
     title = f"units of {policy.describe(policy.parse_wrap(args.wrap))}, FSDP1 at {args.world_size} ranks (elements)"
     console.print(fit_table(console, title, columns, rows))
-    estimate_command.print_estimates(console, estimate_command.Model(params, args.model), estimates, None)
+    estimate_command.print_estimates(console, job_inputs.Model(params, args.model), estimates, None)
     return CLEAN
 
 

@@ -15,6 +15,7 @@ from rich.text import Text
 
 from checks.models import cost
 from checks.models import recommend as recipe
+from reader.commands.job_inputs import InputError, links, model_of, num
 from reader.views.fit import Column, fit_table, indented
 
 GB = 10**9
@@ -48,7 +49,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def job_of(args: argparse.Namespace, params: int | tuple[Any, ...], config: Any) -> recipe.Job:
-    from reader.commands.estimate import InputError, links
 
     if args.strategy:
         raise InputError("--recommend chooses the strategy: drop --strategy")
@@ -87,7 +87,6 @@ def job_of(args: argparse.Namespace, params: int | tuple[Any, ...], config: Any)
 
 def run(args: argparse.Namespace, console: Console) -> tuple[int, dict[str, Any]]:
     """Raises InputError / PlanError on bad input; returns the exit code and the JSON document."""
-    from reader.commands.estimate import model_of
 
     model = model_of(args)
     job = job_of(args, model.params, model.config)
@@ -224,7 +223,6 @@ def _gbps(link: cost.Link) -> str:
 
 # -- JSON -------------------------------------------------------------------------------------------------------
 def as_json(description: str, result: recipe.Recommendation) -> dict[str, Any]:
-    from reader.commands.estimate import num
 
     job = result.job
     c = job.cluster

@@ -24,24 +24,26 @@ from reader.source.torch_source import SourceError
 BARE = "*"
 
 
-def plan(reader: ReaderSession, items: list[pytest.Item]) -> frozenset[str]:
-    """The ids of the guides this session approves (recorded in ``reader.findings.approving``)."""
-    from reader.pytest_plugin.items import AnchorItem, GuideItem  # items import this module's users
-
+def plan(
+    reader: ReaderSession, items: list[pytest.Item], guide_item: type[pytest.Item], anchor_item: type[pytest.Item]
+) -> frozenset[str]:
+    """The ids of the guides this session approves (recorded in ``reader.findings.approving``), with the anchor
+    items of each moved after its claims. ``guide_item`` and ``anchor_item`` are the item classes (the items module
+    imports this one, for `decide`)."""
     asked = reader.options.approve_ids
     if asked is None:
         return frozenset()
-    guides = {item.guide.id: item.guide for item in items if isinstance(item, GuideItem)}
+    guides = {item.guide.id: item.guide for item in items if isinstance(item, guide_item)}
     chosen = frozenset(asked & guides.keys())
     if BARE in asked:
         chosen = chosen | _bare(reader, list(guides.values()))
     reader.findings.approving = chosen
     # Anchor items last within their guide, so that the decision can read every claim's outcome.
-    anchors = [i for i in items if isinstance(i, AnchorItem) and i.guide.id in chosen]
+    anchors = [i for i in items if isinstance(i, anchor_item) and i.guide.id in chosen]
     moved = set(anchors)
     rest = [i for i in items if i not in moved]
     for anchor in anchors:
-        after = max((n for n, i in enumerate(rest) if isinstance(i, GuideItem) and i.guide.id == anchor.guide.id),
+        after = max((n for n, i in enumerate(rest) if isinstance(i, guide_item) and i.guide.id == anchor.guide.id),
                     default=len(rest) - 1)  # fmt: skip
         rest.insert(after + 1, anchor)
     items[:] = rest

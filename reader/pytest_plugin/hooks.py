@@ -127,7 +127,8 @@ def runs_slow(config: pytest.Config) -> bool:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    approving = approvals.plan(session_of(config), items)  # after deselection: what runs is what is judged
+    # after deselection: what runs is what is judged
+    approving = approvals.plan(session_of(config), items, GuideItem, AnchorItem)
     if runs_slow(config):
         return
     skip = pytest.mark.skip(reason=f"slow: run with --slow (or {SLOW_ENV}=1)")

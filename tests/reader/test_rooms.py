@@ -2,7 +2,8 @@
 
 Each room's ``__init__`` docstring ends with ``May import: a, b.`` (or ``nothing else of reader``); this test reads
 those lines, so the rule a reader sees and the rule enforced are one text. Every import counts, wherever it is
-written: at module level, inside a function (the lazy imports of the commands), or under ``TYPE_CHECKING``.
+written: at module level, inside a function (the lazy imports of the commands), or under ``TYPE_CHECKING``; and
+the modules of one room import each other in no circle.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.rooms_support import Breach, append, copy_of, declared_rooms
+from tests.rooms_support import Breach, append, copy_of, declared_rooms, module_cycle
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRY_POINTS = {"__init__", "__main__", "cli", "plugin"}  # the only modules reader/ keeps at its top level
@@ -43,7 +44,8 @@ def imported_rooms(path: Path, rooms: set[str]) -> list[tuple[int, str, str]]:
 
 def breaches(reader: Path) -> list[Breach]:
     """Every way ``reader`` breaks its rooms: a lower room importing a higher one (or an entry point), a room
-    without a declaration, a room that declares what does not exist, a cycle, or a crowded floor."""
+    without a declaration, a room that declares what does not exist, a cycle of declarations or of a room's own
+    modules, or a crowded floor."""
     rooms = declared_rooms(reader)
     found: list[Breach] = []
     for room, allowed in rooms.items():
@@ -73,6 +75,8 @@ def breaches(reader: Path) -> list[Breach]:
                 elif target not in rooms[package.name]:
                     may = ", ".join(sorted(rooms[package.name])) or "nothing else of reader"
                     found.append(Breach(module, line, f"imports {name}: `{package.name}` may import {may}"))
+    if cycle := module_cycle(reader, lambda module: module.split(".")[1] if "." in module else module):
+        found.append(Breach(reader, 1, f"modules import each other in a circle: {' -> '.join(cycle)}"))
     return found
 
 
@@ -146,3 +150,14 @@ def test_the_entry_points_stay_where_they_were() -> None:
         [sys.executable, "-m", "reader", "--help"], capture_output=True, text=True, cwd=REPO, check=False
     )
     assert ran.returncode == 0 and "fsdp-readings" in ran.stdout, ran.stderr
+
+
+def test_modules_of_a_room_importing_each_other_in_a_circle_are_caught(copy_of_reader: Path) -> None:
+    approving = copy_of_reader / "pytest_plugin" / "approving.py"
+    append(
+        approving, "\n\ndef _late() -> None:\n    from reader.pytest_plugin.items import GuideItem\n"
+    )  # items import it
+    (found,) = breaches(copy_of_reader)
+    assert found.message.startswith("modules import each other in a circle: ")
+    circle = set(found.message.split(": ", 1)[1].split(" -> "))
+    assert {"reader.pytest_plugin.approving", "reader.pytest_plugin.items"} <= circle

@@ -15,6 +15,7 @@ import pytest
 
 from checks.models.cost import STRATEGIES, Plan, estimate, rank_memory
 from reader.commands import estimate as estimate_command
+from reader.commands import job_inputs
 from reader.commands.app import make_console
 
 ANSI = re.compile(r"\x1b\[")
@@ -170,7 +171,7 @@ def test_a_users_module_is_built_on_meta_with_its_units(user_models: str) -> Non
     assert code == 0, doc
     # root: Linear(10, 20) = 220; unit "2": Linear(20, 30) + Linear(30, 5) = 630 + 155.
     assert doc["model"]["units"] == {"root": 220, "2": 785} and doc["model"]["psi"] == 1005
-    params = estimate_command.load_module(f"{user_models}:mlp", ["2"]).params
+    params = job_inputs.load_module(f"{user_models}:mlp", ["2"]).params
     assert doc["strategies"]["full-shard"]["total_bytes"] == int(estimate(Plan(params, 2, "full-shard")).memory.total)
 
 
@@ -189,15 +190,15 @@ def test_a_module_that_cannot_be_built_on_meta_exits_2(user_models: str, name: s
 
 
 def test_units_match_per_dotted_component() -> None:
-    assert estimate_command.unit_of("blocks.0.attn.qkv.weight", ["blocks.*"]) == "blocks.0"
-    assert estimate_command.unit_of("blocks.0.attn.qkv.weight", ["blocks.*", "blocks.*.attn"]) == "blocks.0.attn"
-    assert estimate_command.unit_of("tok_emb.weight", ["blocks.*"]) == "root"
+    assert job_inputs.unit_of("blocks.0.attn.qkv.weight", ["blocks.*"]) == "blocks.0"
+    assert job_inputs.unit_of("blocks.0.attn.qkv.weight", ["blocks.*", "blocks.*.attn"]) == "blocks.0.attn"
+    assert job_inputs.unit_of("tok_emb.weight", ["blocks.*"]) == "root"
 
 
 def test_mini_gpt_is_wrapped_as_guide_13_wraps_it() -> None:
     from checks.workloads.gpt import parameters_of_tiny
 
-    assert estimate_command.load_module("mini_gpt:tiny", None).params == tuple(parameters_of_tiny())
+    assert job_inputs.load_module("mini_gpt:tiny", None).params == tuple(parameters_of_tiny())
 
 
 def test_every_help_has_examples(capsys: pytest.CaptureFixture[str]) -> None:
@@ -215,7 +216,7 @@ def test_the_estimate_is_what_guide_13_measures_on_mini_gpt(pool) -> None:
 
     result = pool.run(CheckRequest("checks.guides.g13_zero_stages:memory_per_rank", world_size=2))
     measured = result.values()
-    params = estimate_command.load_module("mini_gpt:tiny", None).params
+    params = job_inputs.load_module("mini_gpt:tiny", None).params
     code, doc = run_json(["--model", "mini_gpt:tiny", "-n", "2"])
     assert code == 0
     for strategy, rule in STRATEGIES.items():
