@@ -21,11 +21,12 @@ from reader.gate.drift_report import reserved_name, write_drift_report
 from reader.gate.lock import LockError
 from reader.gate.outcome import DEFAULT_FAIL_ON, FAIL_ON, Outcome, exit_code, worst
 from reader.gate.releases import release, sorted_releases
-from reader.gate.report import AnchorRow, SessionReport, anchor_row, drift_panel, summary
+from reader.gate.report import AnchorRow, SessionReport, anchor_row, summary
 from reader.gate.workspace import Workspace
 from reader.source.checkref import CheckFinder
 from reader.study.runner import ClaimRunner, claim_runner, pool_options
 from reader.study.session import BROKEN, CLEAN, add_common, display, open_session
+from reader.views.drift import drift_panel
 from reader.views.fit import indented, items_line
 from reader.views.guide import print_guide
 from reader.views.path import print_next

@@ -68,6 +68,15 @@ class Drift:
         return self.kind.ok
 
     @property
+    def label(self) -> str:
+        """``code changed``; ``pattern lost: 2 notes, and code changed`` when notes that no longer land (which
+        block approval whatever else changed) come with another change."""
+        lost = len(self.problems)
+        if not lost or self.kind in (DriftKind.REMOVED, DriftKind.PATTERN_LOST):
+            return self.kind.value
+        return f"{DriftKind.PATTERN_LOST.value}: {lost} note{'s' * (lost != 1)}, and {self.kind.value}"
+
+    @property
     def key(self) -> str:
         return Lock.key(self.guide_id, self.anchor.name)
 

@@ -13,7 +13,6 @@ from typing import Any
 
 from rich import box
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
-from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
@@ -35,6 +34,7 @@ class AnchorRow:
     quoted_at: tuple[int, ...] = ()  # guide lines of the ```source fences that quote this anchor
     notes_at: tuple[int, ...] = ()  # guide lines of the notes pinned to its code
     claims: tuple[str, ...] = ()  # claims that name it as their runtime evidence
+    line: int = 0  # the anchor's own line in the guide (its ``[[anchors]]`` entry)
 
     @property
     def lost_notes(self) -> list[str]:
@@ -61,11 +61,7 @@ class AnchorRow:
     @property
     def label(self) -> str:
         """``code changed``; ``pattern lost: 2 notes, and code changed`` when notes block its approval."""
-        kind = self.kind or "?"
-        if self.also is None:
-            return kind
-        count = len(self.lost_notes)
-        return f"{kind}: {count} note{'s' * (count != 1)}, and {self.also}"
+        return self.drift.label if self.drift is not None else "?"
 
 
 def anchor_row(guide: Guide, anchor: AnchorSpec, outcome: str, drift: Drift | None, message: str = "") -> AnchorRow:
@@ -80,6 +76,7 @@ def anchor_row(guide: Guide, anchor: AnchorSpec, outcome: str, drift: Drift | No
         quoted_at=tuple(b.start for b in blocks),
         notes_at=tuple(n.line for b in blocks for n in b.notes),
         claims=tuple(c.id for c in guide.claims if anchor.name in c.evidence),
+        line=anchor.line,
     )
 
 
@@ -417,43 +414,6 @@ class SummaryTable:
                 counts.append_text(Text.assemble(", " if i else "", cell, f" {head}"))
             yield Text(guide_id, style="bold")
             yield counts
-
-
-def drift_panel(guide: GuideReport, row: AnchorRow) -> RenderableType:
-    """One drifted anchor: what changed, where, the diff, and how to approve.
-
-    Lines are never wrapped (``no_wrap`` + ``overflow="ignore"``): paths, diffs and commands must stay
-    copy-pasteable and greppable in CI logs.
-    """
-    drift = row.drift
-    assert drift is not None
-    lines = [Text(f"{row.label}: {drift.summary}", style="bold red")]
-    if drift.approved is not None:
-        a = drift.approved
-        lines.append(Text(f"approved: {a.file}:{a.lines[0]}-{a.lines[1]} (torch {', '.join(a.approved_on)})"))
-    if drift.current is not None:
-        lines.append(Text(f"current:  {drift.current.location}-{drift.current.end}"))
-    lines += [Text(p, style="yellow") for p in drift.problems]
-    lines += [Text(f"hint: {h}", style="cyan") for h in (drift.error.hints if drift.error else [])]
-    if drift.diff:
-        lines.append(Text(""))
-        lines += [Text(line, style=_diff_style(line)) for line in drift.diff.rstrip("\n").split("\n")]
-    if drift.kind is not DriftKind.REMOVED:
-        lines.append(Text("re-read the guide against this source, then approve it:", style="bold"))
-        lines += [Text(f"  {command}", style="bold") for command in approve_commands(guide.id, guide.path)]
-    for line in lines:
-        line.no_wrap = True
-        line.overflow = "ignore"
-    title = Text(f"{guide.id} · anchor {row.name} · {row.symbol}", style="bold")
-    return Group(Rule(title, align="left", style="red"), *lines, Text(""))
-
-
-def _diff_style(line: str) -> str:
-    if line.startswith(("---", "+++")):
-        return "bold"
-    if line.startswith("@@"):
-        return "cyan"
-    return {"-": "red", "+": "green"}.get(line[:1], "")
 
 
 def _num(value: int, style: str) -> Text:

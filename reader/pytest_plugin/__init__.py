@@ -7,5 +7,5 @@
   claims.
 - ``runner`` / ``hookspecs``: the seam to the rank pool of ``checks`` (replaceable through a hook).
 
-May import: source, format, gate, claims.
+May import: source, format, gate, claims, views.
 """

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from reader.format.guide import AnchorSpec
-from reader.gate.drift import Drift, DriftKind
+from reader.gate.drift import Drift
 from reader.gate.lock import LockError
-from reader.gate.report import approve_commands
+from reader.views.drift import TERMINAL_MARKUP, DriftView
 
 if TYPE_CHECKING:
     from _pytest._io import TerminalWriter
@@ -61,46 +61,15 @@ class DriftRepr:
     approving: bool
     refused: tuple[str, ...] = ()  # why the guide was not approved (nothing of it was recorded)
 
+    @property
+    def view(self) -> DriftView:
+        return DriftView(self.where, self.guide_id, self.display_path, self.anchor.name, self.anchor.symbol, self.drift,
+                         self.approving, self.refused)  # fmt: skip
+
     def lines(self) -> Iterator[tuple[str, dict[str, bool]]]:
-        drift, anchor = self.drift, self.anchor
-        verb = "not approved" if self.approving else "drifted"
-        yield (
-            f"{self.where}: anchor `{anchor.name}` ({anchor.symbol}) {verb}: {drift.kind.value}",
-            {"red": True, "bold": True},
-        )
-        yield f"  {drift.summary}", {}
-        if drift.approved is not None:
-            a = drift.approved
-            yield f"  approved: {a.file}:{a.lines[0]}-{a.lines[1]} (torch {', '.join(a.approved_on)})", {}
-        if drift.current is not None:
-            yield f"  current:  {drift.current.location}-{drift.current.end}", {}
-        elif drift.error is not None and drift.error.where:
-            yield f"  current:  {drift.error.where}", {}
-        for problem in drift.problems:
-            yield f"  {problem}", {"yellow": True}
-        for hint in drift.error.hints if drift.error else []:
-            yield f"  hint: {hint}", {"cyan": True}
-        if self.refused:
-            yield f"  nothing of {self.guide_id} was recorded:", {"red": True}
-            for reason in self.refused:
-                yield f"    {reason}", {"red": True}
-        if drift.diff:
-            yield "", {}
-            for line in drift.diff.rstrip("\n").split("\n"):
-                added, removed = (
-                    line.startswith("+") and not line.startswith("+++"),
-                    line.startswith("-") and not line.startswith("---"),
-                )
-                yield line, {"green": added, "red": removed, "cyan": line.startswith("@@")}
-        yield "", {}
-        if drift.kind in (DriftKind.REMOVED, DriftKind.PATTERN_LOST):
-            yield f"  fix the anchor at {self.where} (or the notes above), re-read the guide, then approve:", {}
-        elif drift.kind is DriftKind.UNAPPROVED:
-            yield "  read the guide against this source, then approve it:", {}
-        else:
-            yield "  re-read the guide against the new source, then approve it:", {}
-        for command in approve_commands(self.guide_id, self.display_path):
-            yield f"    {command}", {"bold": True}
+        """The drift's words (`reader.views.drift`), each with the terminal writer's markup for its style."""
+        for text, style in self.view.lines():
+            yield text, TERMINAL_MARKUP[style]
 
     def toterminal(self, tw: TerminalWriter) -> None:
         for text, markup in self.lines():

@@ -20,6 +20,7 @@ from reader.gate.workspace import Workspace
 from reader.site.code import highlighted_lines
 from reader.site.markdown import Prose as ProseRenderer
 from reader.site.markdown import sentence
+from reader.views.drift import DriftView
 from reader.views.guide import view_commands
 from reader.views.memory import svg as memory_svg
 from reader.views.quote import BrokenQuote, Quote, quote
@@ -38,7 +39,7 @@ class Page:
     quote_ids: dict[str, str] = field(default_factory=dict)  # anchor name → id of its first quote on the page
 
 
-def _quote_html(q: Quote, key: str) -> str:
+def _quote_html(guide: Guide, q: Quote, key: str) -> str:
     rows = highlighted_lines(q.found.text)
     pinned = q.highlighted
     segments = []
@@ -51,7 +52,18 @@ def _quote_html(q: Quote, key: str) -> str:
         notes = [_note(p) for p in segment.notes]
         segments.append({"lines": lines, "notes": notes, "last": segment.last})
     view = {"name": key, "location": q.location, "qualname": q.qualname, "status": q.status, "ok": q.ok}
-    return ENV.get_template("quote.html").render(quote=view, segments=segments, lost=[_note(p) for p in q.lost])
+    drift = [] if q.ok or q.drift is None else _drift_lines(guide, q)
+    return ENV.get_template("quote.html").render(quote=view, segments=segments, lost=[_note(p) for p in q.lost],
+                                                 drift=drift)  # fmt: skip
+
+
+def _drift_lines(guide: Guide, q: Quote) -> list[dict[str, str]]:
+    """The drift's words as the report and pytest say them (`reader.views.drift`), a style class per line."""
+    assert q.drift is not None
+    path = f"{guide.path.parent.name}/{guide.path.name}"
+    anchor = guide.anchor(q.name)
+    view = DriftView(f"{path}:{anchor.line}", guide.id, path, anchor.name, anchor.symbol, q.drift)
+    return [{"text": text, "style": style.replace(" ", "-")} for text, style in view.lines()]
 
 
 def _note(pinned: Any) -> dict[str, Any]:
@@ -179,7 +191,7 @@ def guide_page(
                     name=key, symbol=quoted.symbol, error=quoted.error.render()
                 )
             else:
-                html = _quote_html(quoted, key)
+                html = _quote_html(guide, quoted, key)
             regions.append(Markup(html))
         elif isinstance(region, ExpectBlock):
             regions.append(Markup(_expect_html(guide, region)))

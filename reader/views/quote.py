@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from reader.format.guide import Guide, Note, SourceBlock
+from reader.gate.drift import Drift
 from reader.gate.workspace import Workspace
 from reader.source.anchors import AnchorError, NoteMatch, Resolution
 from reader.source.patterns import find
@@ -106,6 +107,7 @@ class Quote:
     found: Resolution
     segments: tuple[Segment, ...]
     lost: tuple[PinnedNote, ...]  # notes whose pattern lands nowhere or in several places
+    drift: Drift | None = None  # the anchor against the lock on this torch (what a page says of a drifted quote)
 
     @property
     def ok(self) -> bool:
@@ -146,8 +148,9 @@ def quote(guide: Guide, block: SourceBlock, workspace: Workspace) -> Quote | Bro
         first = after + 1
     if first <= found.end:
         segments.append(Segment(first, found.end, ()))
-    status = workspace.drift(guide, anchor).kind.value
+    drift = workspace.drift(guide, anchor)
+    status = drift.kind.value
     location = f"{found.relpath}:{start}-{found.end}"
     lost = tuple(p for p in notes if not p.pinned)
     return Quote(anchor.name, anchor.symbol, location, anchor.qualname or anchor.symbol, status, found,
-                 tuple(segments), lost)  # fmt: skip
+                 tuple(segments), lost, drift)  # fmt: skip

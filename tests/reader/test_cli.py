@@ -46,7 +46,9 @@ def test_drift_shows_the_diff_and_writes_a_report(readings: Path, installed_tree
     installed_tree.edit(RUNTIME, "handle._prefetched = True", "handle._prefetched = False")
     code, out = run(capsys, "drift", "--report", "out/drift.json")
     assert code == 6
-    assert "code changed: the code changed" in out
+    # the words pytest's failure says too (`reader.views.drift`): the heading, then the summary
+    heading = "anchor `prefetch` (torch.distributed.fsdp._runtime_utils:_prefetch_handle) drifted: code changed"
+    assert f"readings/04-forward-prefetch.md:8: {heading}\n  the code changed\n" in out
     assert "+    handle._prefetched = False" in out and "-    handle._prefetched = True" in out
     assert "pytest readings/04-forward-prefetch.md --approve=04-forward-prefetch" in out
     report = json.loads(Path("out/drift.json").read_text())

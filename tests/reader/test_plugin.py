@@ -175,7 +175,7 @@ def test_approve_round_trip(project: pytest.Pytester, installed_tree: TorchTree)
     changed.assert_outcomes(failed=1, passed=1)
     changed.stdout.fnmatch_lines(
         [
-            "*anchor `prefetch`*drifted: code changed",
+            "*anchor `prefetch`*drifted: pattern lost: 1 note, and code changed",  # the report's label too
             "  the code changed",
             f"  approved: {RUNTIME}:17-29 (torch 2.13.0)",
             f"  current:  */site-packages/{RUNTIME}:17-29",
@@ -184,7 +184,7 @@ def test_approve_round_trip(project: pytest.Pytester, installed_tree: TorchTree)
             "@@ -26,4 +26,4 @@",
             "-    handle._prefetched = True",
             "+    handle._prefetched = prefetch_mode is not None",
-            "  re-read the guide against the new source, then approve it:",
+            f"  fix the anchor at {GUIDE}:8 (or the notes above), re-read the guide, then approve:",
             f"    pytest {GUIDE} --approve=04-forward-prefetch",
         ]
     )
