@@ -1,4 +1,4 @@
-"""Capture (`checks.probes.capture`): a ``CheckRequest(capture=True)`` brings back every probe log its check
+"""Capture (`checks.ranks.capture`): a ``CheckRequest(capture=True)`` brings back every probe log its check
 recorded, each record naming the torch line that issued it, checked against the installed torch's own text; and
 without capture nothing of that happens."""
 
