@@ -50,11 +50,3 @@ class Pictures:
 
     def save(self) -> None:
         write_atomic(self.path, json.dumps(self.data, sort_keys=True) + "\n")
-
-
-def rank_zero(verdict: Any) -> Any:
-    """Rank 0's return value in a passing verdict, or None."""
-    outcome = getattr(verdict, "outcome", None)
-    if outcome is None or getattr(verdict, "failure", None):
-        return None
-    return next((r.value for r in outcome.results if r.rank == 0 and r.ok), None)

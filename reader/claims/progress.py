@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from platformdirs import user_data_dir
 
+from reader.claims.status import Status
 from reader.source.files import write_atomic
 
 ENV = "FSDP_READINGS_DATA_DIR"
@@ -96,14 +97,16 @@ class Progress:
 
     # -- claims ---------------------------------------------------------------------------------------------------
 
-    def record_claim(self, guide_id: str, claim_id: str, result: str, torch: str | None = None) -> None:
-        self._put("claims", guide_id, claim_id, {"result": result, "torch": torch, "at": _now()})
+    def record_claim(self, guide_id: str, claim_id: str, result: Status, torch: str | None = None) -> None:
+        self._put("claims", guide_id, claim_id, {"result": str(result), "torch": torch, "at": _now()})
 
-    def claims(self, guide_id: str, torch: str | None = None) -> dict[str, str]:
+    def claims(self, guide_id: str, torch: str | None = None) -> dict[str, Status]:
         """The last result of each claim (passed / failed / skipped / xfailed / xpassed); with ``torch``, only the
-        results recorded on that torch."""
+        results recorded on that torch. A result this version does not know is left out."""
         entries = self.data.get("claims", {}).get(guide_id, {})
-        return {cid: e["result"] for cid, e in entries.items() if torch is None or e.get("torch") == torch}
+        here = {cid: e for cid, e in entries.items() if torch is None or e.get("torch") == torch}
+        found = {cid: Status.named(e.get("result")) for cid, e in here.items()}
+        return {cid: status for cid, status in found.items() if status is not None}
 
     def _put(self, section: str, guide_id: str, item_id: str, entry: dict[str, Any]) -> None:
         self.data.setdefault(section, {}).setdefault(guide_id, {})[item_id] = entry

@@ -10,17 +10,27 @@ imports no torch.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from checks.ranks.protocol import CheckRequest, CheckRun, Patch
 from reader.claims.evidence import trace_symbols
 from reader.format.guide import ClaimSpec, Guide
-from reader.source.anchors import PATTERN_LOST, AnchorError, Resolution
-
-if TYPE_CHECKING:
-    from reader.gate.workspace import Workspace
+from reader.source.anchors import PATTERN_LOST, AnchorError, Resolution, Resolver
 
 Send = Callable[[CheckRequest], CheckRun]  # hands one request to the ranks and returns their run
+
+
+class Resolving(Protocol):
+    """What a claim needs of the gate's `Workspace` (which the gate builds over this room): the torch it reads,
+    and the guide's anchors resolved in that torch's source."""
+
+    @property
+    def torch_version(self) -> str | None: ...
+
+    @property
+    def resolver(self) -> Resolver: ...
+
+    def resolutions(self, guide: Guide) -> tuple[dict[str, Resolution], dict[str, AnchorError]]: ...
 
 
 class RankPoolUnavailable(RuntimeError):
@@ -52,7 +62,7 @@ def request_for(
 
 
 def traced_request(
-    workspace: Workspace, guide: Guide, claim: ClaimSpec, *, patches: tuple[Patch, ...] = (), **overrides: Any
+    workspace: Resolving, guide: Guide, claim: ClaimSpec, *, patches: tuple[Patch, ...] = (), **overrides: Any
 ) -> tuple[CheckRequest, dict[str, Resolution]]:
     """The request that runs ``claim`` with the guide's traceable anchors as its trace symbols, and the anchors'
     resolutions (to judge the evidence afterwards). Raises `UnresolvedAnchors` when an anchor the claim needs does

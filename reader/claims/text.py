@@ -27,7 +27,11 @@ def blocked_claim(
     """A claim that cannot run because some of its guide's anchors do not resolve: which, and why."""
     lines = [claim_header(where, claim, "cannot run: the guide's anchors do not resolve in this torch")]
     for name, error in failed.items():
-        anchor = guide.anchor(name)
-        lines.append(f"  anchor `{name}` ({display_path}:{anchor.line}) {error.kind}: {error.message}")
+        lines.append(f"  {unresolved_anchor(display_path, guide, name, error)}")
         lines += [f"    hint: {hint}" for hint in error.hints]
     return "\n".join(lines)
+
+
+def unresolved_anchor(display_path: str, guide: Guide, name: str, error: AnchorError) -> str:
+    """One anchor that does not resolve, in a line: its name, where the guide declares it, and why."""
+    return f"anchor `{name}` ({display_path}:{guide.anchor(name).line}) {error.kind}: {error.message}"

@@ -3,6 +3,8 @@
 Each subcommand is a ``Command`` (name, help, how to configure its parser, how to run it) in ``COMMANDS``;
 adding one (list, show, check, predict, timeline) means writing its two functions and appending it there. Exit
 codes: 0 clean, 2 broken input; each command's help gives the rest (``drift``: 6 drift; ``approve``: 1 refused).
+A command that finds broken input raises `CommandProblem` where it finds it; its entry point is `guarded`
+(``reader.views.problem``), which prints it, once, and exits with its code.
 """
 
 from __future__ import annotations

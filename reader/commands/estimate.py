@@ -24,8 +24,10 @@ from checks.models.seed_figures import figure_1, figures, zero_table
 from checks.models.zero_memory import OPTIMIZERS, Param
 from reader.commands import recommend as recommend_command
 from reader.commands.job_inputs import InputError, Model, links, model_of, num
-from reader.study.session import BROKEN, CLEAN, DRIFT
+from reader.format.errors import CommandProblem
+from reader.study.session import CLEAN, DRIFT
 from reader.views.fit import Column, fit_table, indented
+from reader.views.problem import guarded
 
 EXAMPLES = """examples:
   fsdp-readings estimate 7B --world-size 8                      # every strategy, fp32 Adam
@@ -124,6 +126,7 @@ def plans(args: argparse.Namespace, model: Model) -> list[Plan]:
 
 
 # -- run --------------------------------------------------------------------------------------------------------------
+@guarded
 def run(args: argparse.Namespace, console: Console) -> int:
     out: dict[str, Any] = {}
     try:
@@ -140,9 +143,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         model = model_of(args)
         estimates = [cost.estimate(plan) for plan in plans(args, model)]
         verdict = cost.budget(estimates[0].plan, args.budget) if args.budget is not None else None
-    except (InputError, PlanError) as exc:
-        console.print(Text.assemble(("error: ", "bold red"), str(exc)), soft_wrap=False)
-        return BROKEN
+    except PlanError as exc:  # a plan the cost model refuses, found in checks/: broken input to this command
+        raise CommandProblem(str(exc)) from None
     code = CLEAN if verdict is None or verdict.ok else DRIFT
     out.update(estimates_json(model, estimates, verdict))
     if not args.json:

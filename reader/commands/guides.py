@@ -12,10 +12,11 @@ from rich.text import Text
 
 from checks.breakit.exercises import exercise_modules
 from reader.claims.progress import Progress, ProgressError, Section
-from reader.claims.verdict import ClaimVerdict, failure_summary
+from reader.claims.status import Status, tally
+from reader.format.errors import CommandProblem
 from reader.format.guide import Guide
 from reader.format.predict import PredictQuestion
-from reader.gate.approval import ClaimResult, NotApprovable, force_reason
+from reader.gate.approval import NotApprovable, force_reason
 from reader.gate.drift import Drift, DriftKind
 from reader.gate.drift_report import reserved_name, write_drift_report
 from reader.gate.lock import LockError
@@ -30,6 +31,7 @@ from reader.views.drift import drift_panel
 from reader.views.fit import indented, items_line
 from reader.views.guide import print_guide
 from reader.views.path import print_next
+from reader.views.problem import guarded
 
 DRIFT_EXAMPLES = """examples:
   fsdp-readings drift                          every guide's anchors against readings/anchors.lock
@@ -65,15 +67,16 @@ def configure_drift(parser: argparse.ArgumentParser) -> None:
     )
 
 
+@guarded
 def run_drift(args: argparse.Namespace, console: Console) -> int:
     if args.report is not None and (clash := reserved_name(args.report)):
-        console.print(clash, style="red", markup=False)
-        return BROKEN
-    opened = open_session(args, console)
-    if isinstance(opened, int):
+        raise CommandProblem(clash, "name the report another way: --report FILE")
+    try:
+        opened = open_session(args, console)
+    except CommandProblem:
         if args.report is not None:  # the report says so: a workflow that posts it never posts a missing file
             write_drift_report(args.report, _refused(args))
-        return opened
+        raise
     workspace, report = opened.workspace, opened.report
     for guide in opened.guides:
         row = report.guide(guide.id, display(guide.path), guide.title)
@@ -81,17 +84,17 @@ def run_drift(args: argparse.Namespace, console: Console) -> int:
         for anchor in guide.anchors:
             if not applies:
                 row.anchors.append(
-                    AnchorRow(anchor.name, anchor.symbol, "skipped", message=f"applies to torch {guide.torch}")
+                    AnchorRow(anchor.name, anchor.symbol, Status.SKIPPED, message=f"applies to torch {guide.torch}")
                 )
                 continue
             drift = workspace.drift(guide, anchor)
             if drift.kind is DriftKind.OTHER_TORCH:
-                row.anchors.append(AnchorRow(anchor.name, anchor.symbol, "skipped", message=drift.summary))
+                row.anchors.append(AnchorRow(anchor.name, anchor.symbol, Status.SKIPPED, message=drift.summary))
                 continue
-            row.anchors.append(anchor_row(guide, anchor, "passed" if drift.ok else "failed", drift))
+            row.anchors.append(anchor_row(guide, anchor, Status.PASSED if drift.ok else Status.FAILED, drift))
     for guide_row in report.guides:
         for found in guide_row.anchors:
-            if found.outcome == "failed":
+            if found.outcome is Status.FAILED:
                 console.print(drift_panel(guide_row, found))
     outcome = Outcome.BROKEN if opened.broken else Outcome.REREAD if report.drifted else Outcome.CLEAN
     report.claims_not_run = "`fsdp-readings drift` compares the source only; `pytest readings/` runs them"
@@ -161,27 +164,27 @@ def _force(text: str) -> str:
     return reason
 
 
+@guarded
 def run_approve(args: argparse.Namespace, console: Console) -> int:
     """Approve guides on the installed torch: each one's claims run here first, and it is recorded whole, or not at
     all. Without ids, the one guide whose anchors drift; several are listed for the person to name."""
     if args.torch_source is not None:
-        console.print(
-            f"[red]approve records what ran on the installed torch; nothing runs on --torch-source "
-            f"{args.torch_source}[/] (its claims cannot): install that torch in a venv and approve there"
+        raise CommandProblem(
+            f"approve records what ran on the installed torch; nothing runs on --torch-source {args.torch_source} "
+            "(its claims cannot)",
+            "install that torch in a venv and approve there",
         )
-        return BROKEN
     opened = open_session(args, console)
-    if isinstance(opened, int):
-        return opened
     workspace, report = opened.workspace, opened.report
     if args.matrix is not None:
         for said in workspace.set_matrix(args.matrix):
             console.print(said)
         console.print(f"torch matrix: {', '.join(workspace.lock.matrix) or 'none (the newest approval wins)'}")
-    guides = _to_approve(opened.guides, workspace, console) if not args.guide_ids else opened.guides
-    if guides is None:
+    try:
+        guides = _to_approve(opened.guides, workspace, console) if not args.guide_ids else opened.guides
+    except CommandProblem:
         workspace.source.close()
-        return BROKEN
+        raise
     outcomes = [Outcome.BROKEN] if opened.broken else []
     with claim_runner(opened, args) as runner:
         for guide in sorted(guides, key=lambda g: (g.order, g.id)):
@@ -198,16 +201,18 @@ def run_approve(args: argparse.Namespace, console: Console) -> int:
     return outcome.code
 
 
-def _to_approve(guides: list[Guide], workspace: Workspace, console: Console) -> list[Guide] | None:
-    """A bare ``approve``: the guide whose anchors drift on this torch; with several, None (after listing them:
-    each is approved on its own, after it is re-read)."""
+def _to_approve(guides: list[Guide], workspace: Workspace, console: Console) -> list[Guide]:
+    """A bare ``approve``: the guide whose anchors drift on this torch; with several, `CommandProblem` listing
+    them (each is approved on its own, after it is re-read)."""
     pending = {g.id: d for g in guides if g.applies_to(workspace.torch_version) and (d := workspace.pending(g))}
     if len(pending) > 1:
-        console.print(f"[red]{len(pending)} guides to approve on torch {workspace.torch_version}[/]; re-read each, "
-                      "then approve it by id (nothing was written):")  # fmt: skip
-        for gid, drifts in sorted(pending.items()):
-            console.print(f"  fsdp-readings approve {gid}    # {', '.join(_named(d) for d in drifts)}")
-        return None
+        listed = [f"  fsdp-readings approve {gid}    # {', '.join(_named(d) for d in drifts)}"
+                  for gid, drifts in sorted(pending.items())]  # fmt: skip
+        raise CommandProblem(
+            "\n".join([f"{len(pending)} guides to approve on torch {workspace.torch_version}; re-read each, then "
+                       "approve it by id (nothing was written):", *listed]),
+            "approve one guide at a time, by its id, once you have re-read it",
+        )  # fmt: skip
     if not pending:
         console.print(f"nothing to approve: every anchor reads as approved on torch {workspace.torch_version}")
     return [g for g in guides if g.id in pending]
@@ -237,11 +242,11 @@ def _approve_one(
         drifts = workspace.check_approvable(guide)
         read = guide.on(workspace.torch_version)
         with console.status(f"running the claims of {guide.id}…", spinner="dots"):
-            results = {claim.id: _result(runner.verdict(read, claim)) for claim in guide.claims}
+            results = {claim.id: runner.verdict(read, claim) for claim in guide.claims}
         approval = workspace.approve_guide(guide, results, force=force)
     except NotApprovable as exc:
         for drift in exc.drifts:
-            row.anchors.append(anchor_row(guide, drift.anchor, "failed", drift))
+            row.anchors.append(anchor_row(guide, drift.anchor, Status.FAILED, drift))
             console.print(drift_panel(row, row.anchors[-1]))
         report.refused += [f"{guide.id}: {reason}" for reason in exc.reasons]
         return Outcome.BEHAVIOUR if exc.forceable else Outcome.REREAD if exc.drifts else Outcome.BROKEN
@@ -251,7 +256,7 @@ def _approve_one(
             console.print(drift.diff, markup=False, highlight=False)
     for anchor in approval.anchors:
         was = anchor.drift.kind
-        row.anchors.append(anchor_row(guide, anchor.drift.anchor, "approved", anchor.drift))
+        row.anchors.append(anchor_row(guide, anchor.drift.anchor, Status.APPROVED, anchor.drift))
         if was is not DriftKind.UNCHANGED:  # an unchanged entry is not touched: nothing to list
             report.approved.append(
                 f"{anchor.drift.key} (was: {was.value}; torch {', '.join(anchor.source.approved_on)})"
@@ -265,13 +270,6 @@ def _approve_one(
     for key in approval.pruned:
         console.print(f"dropped stale lock entry {key}")
     return Outcome.CLEAN
-
-
-def _result(verdict: ClaimVerdict) -> ClaimResult:
-    if verdict.failure:
-        reason, line = failure_summary(verdict)
-        return ClaimResult(verdict.status.value, f"`{reason}` {line}")
-    return ClaimResult(verdict.status.value, verdict.skipped or "")
 
 
 LIST_EXAMPLES = """examples:
@@ -292,12 +290,11 @@ def configure_list(parser: argparse.ArgumentParser) -> None:
     add_common(parser)
 
 
+@guarded
 def run_list(args: argparse.Namespace, console: Console) -> int:
     """The guides in reading order, each with where it stands: its anchors' drift on this torch, how many of its
     claims held when they last ran on this torch, the predict score and the exercises solved."""
     session = open_session(args, console)
-    if isinstance(session, int):
-        return session
     try:
         progress: Progress | None = Progress()
     except ProgressError as exc:
@@ -388,8 +385,7 @@ def _claim_status(guide: Guide, progress: Progress | None, torch: str | None) ->
     ran = [last[c.id] for c in guide.claims if c.id in last]
     if not ran:
         return Text("not run", style="dim")
-    failed = ran.count("failed")
-    held = sum(1 for result in ran if result in ("passed", "xfailed"))
+    held, failed = tally(ran)
     shown = f"{held}/{len(guide.claims)}" + (f" ({failed} failed)" if failed else "")
     return Text(shown, style="red" if failed else "green")
 
@@ -425,10 +421,9 @@ def configure_show(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--answers", action="store_true", help="show the predict questions' answers too")
 
 
+@guarded
 def run_show(args: argparse.Namespace, console: Console) -> int:
     session = open_session(args, console)
-    if isinstance(session, int):
-        return session
     guides = sorted(session.guides, key=lambda g: (g.order, g.id))
     if args.answers:
         _reveal_answers(guides, console)

@@ -24,8 +24,10 @@ from checks.naming import clean
 from reader.commands import estimate as estimate_command
 from reader.commands import inspect_views as views
 from reader.commands import job_inputs
-from reader.study.session import BROKEN, CLEAN, FAILED
+from reader.format.errors import CommandProblem
+from reader.study.session import CLEAN, FAILED
 from reader.views.fit import Column, fit_table
+from reader.views.problem import guarded
 
 EXAMPLES = """examples:
   fsdp-readings inspect checks.inspect.examples:transformer --input checks.inspect.examples:transformer_batch \\
@@ -65,6 +67,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rank", type=int, default=0, help="whose run --view draws (default: rank 0)")
 
 
+@guarded
 def run(args: argparse.Namespace, console: Console) -> int:
     try:
         meta, shapes, buffers = _structure(args.model)
@@ -79,13 +82,11 @@ def run(args: argparse.Namespace, console: Console) -> int:
         prediction = predict(tree, shapes, model_policy(spec), strategy=strategy, world_size=args.world_size,
                              optimizer=args.optimizer, buffers=buffers)  # fmt: skip
     except (loading.LoadError, PlanError, ValueError) as exc:
-        return _error(console, str(exc))
+        raise CommandProblem(str(exc)) from None
     if not 0 <= args.rank < args.world_size:
-        return _error(console, f"--rank {args.rank} is not one of the {args.world_size} ranks")
-    outcome = _measure(args, spec, strategy, console)
-    if isinstance(outcome, int):
-        return outcome
-    measured, captured = outcome
+        raise CommandProblem(f"--rank {args.rank} is not one of the {args.world_size} ranks",
+                             f"give a rank from 0 to {args.world_size - 1}")  # fmt: skip
+    measured, captured = _measure(args, spec, strategy)
 
     rows = compare.report(prediction, measured, strategy=strategy, world_size=args.world_size, shapes=shapes,
                           buffers=buffers)  # fmt: skip
@@ -98,11 +99,6 @@ def run(args: argparse.Namespace, console: Console) -> int:
         _print_rows(console, args, spec, strategy, rows)
         views.draw(console, args.view, measured[args.rank], captured[args.rank], model=args.model, rank=args.rank)
     return CLEAN if agree else FAILED
-
-
-def _error(console: Console, message: str) -> int:
-    console.print(Text.assemble(("error: ", "bold red"), message), soft_wrap=False)
-    return BROKEN
 
 
 def _structure(spec: str) -> tuple[Any, dict[str, tuple[int, ...]], list[Any]]:
@@ -157,9 +153,9 @@ def _runnable(args: argparse.Namespace, strategy: str, shapes: dict[str, tuple[i
                          f"({MAX_RUN_PARAMS:,}); use --meta")  # fmt: skip
 
 
-def _measure(args: argparse.Namespace, spec: dict[str, Any] | None, strategy: str, console: Console) -> Any:
-    """Every rank's measurements and what each captured (``--view timeline``), or an exit code after printing why
-    there are none."""
+def _measure(args: argparse.Namespace, spec: dict[str, Any] | None, strategy: str) -> tuple[list[Any], list[Any]]:
+    """Every rank's measurements and what each captured (``--view timeline``); `CommandProblem` saying why there
+    are none."""
     from checks.ranks.manager import PoolManager
     from checks.ranks.protocol import CheckRequest
 
@@ -173,10 +169,10 @@ def _measure(args: argparse.Namespace, spec: dict[str, Any] | None, strategy: st
     finally:
         manager.close()
     if outcome.skipped:
-        return _error(console, f"the rank pool cannot run here: {outcome.skipped}")
+        raise CommandProblem(f"the rank pool cannot run here: {outcome.skipped}")
     if outcome.failure:
         own = [r for r in outcome.results if r.error_type in INPUT_ERRORS and r.message]
-        return _error(console, own[0].message if own else outcome.failure)  # type: ignore[arg-type]
+        raise CommandProblem(own[0].message if own else outcome.failure)  # type: ignore[arg-type]
     return outcome.values(), [r.captured for r in outcome.results]
 
 

@@ -16,10 +16,11 @@ from checks.models import cost
 from checks.models.cost import Link
 from checks.models.zero_memory import Param
 from checks.naming import ROOT, clean
+from reader.format.errors import CommandProblem
 
 
-class InputError(Exception):
-    """Bad input: printed as it is, exit 2."""
+class InputError(CommandProblem):
+    """Bad input to ``estimate`` (its message says what to give instead): printed by the app, exit 2."""
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,14 @@ import argparse
 from rich.console import Console, Group
 from rich.text import Text
 
+from reader.commands.path import readings_found
 from reader.format.errors import GuideError
 from reader.format.hits import Hit, guide_hits, matches
-from reader.format.parse import find_readings, load_all
+from reader.format.parse import load_all
 from reader.format.path import load_glossary
-from reader.study.session import BROKEN, CLEAN, display
+from reader.study.session import CLEAN, display
 from reader.views.fit import indented
+from reader.views.problem import guarded
 
 EXAMPLES = """examples:
   fsdp-readings search prefetch
@@ -32,11 +34,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("words", nargs="+", metavar="WORD", help="words that must all appear")
 
 
+@guarded
 def run(args: argparse.Namespace, console: Console) -> int:
-    readings = find_readings(args.readings)
-    if readings is None or not readings.is_dir():
-        console.print("[red]no readings directory[/]: pass --readings DIR (a checkout's readings/)")
-        return BROKEN
+    readings = readings_found(args.readings)
     guides, _ = load_all([readings], None)
     words = [w.casefold() for w in args.words]
     hits = [hit for guide in sorted(guides, key=lambda g: (g.order, g.id)) for hit in guide_hits(guide, words)]

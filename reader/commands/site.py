@@ -10,8 +10,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
+from reader.format.errors import CommandProblem
 from reader.site.build import build_site
 from reader.study.session import BROKEN, CLEAN, add_common, display, open_session
+from reader.views.problem import guarded
 
 EXAMPLES = """examples:
   fsdp-readings site site/                  every guide, read against the installed torch
@@ -29,17 +31,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_common(parser)
 
 
+@guarded
 def run(args: argparse.Namespace, console: Console) -> int:
     if args.out.exists() and not args.out.is_dir():
-        console.print(f"[red]{args.out} is a file[/]: give a directory to write the site into", highlight=False)
-        return BROKEN
+        raise CommandProblem(f"{args.out} is a file", "give a directory to write the site into")
     started = time.perf_counter()
     session = open_session(args, console)
-    if isinstance(session, int):
-        return session
     if not session.guides:
-        console.print("[red]no guide to write[/]")
-        return BROKEN
+        session.workspace.source.close()
+        raise CommandProblem("no guide to write", "write a guide into the readings directory, or name one")
     try:
         built = build_site(session.guides, args.readings, session.workspace, args.out, session.guide_ids)
     finally:

@@ -66,3 +66,21 @@ def anchor_fix(name: str, names: Set[str]) -> str:
     if close:
         return close
     return f"use one of this guide's anchors: {', '.join(sorted(names))}" if names else "declare it under [[anchors]]"
+
+
+class CommandProblem(Exception):
+    """Broken input to an ``fsdp-readings`` command (an unknown guide, claim or rank; an unreadable answers file):
+    raised where it is found, printed once by the app (``reader.commands.app``) in the words a guide's problems
+    use, what is wrong and then ``fix:``, and the command exits with ``code`` (2, broken input, unless said).
+
+    ``message``'s first line says what is wrong; any further lines are its details (a guide's own problems, the
+    guides to choose from), printed as they are."""
+
+    def __init__(self, message: str, fix: str = "", *, code: int = 2) -> None:
+        self.message = message
+        self.fix = fix
+        self.code = code
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        return f"{self.message}\n    fix: {self.fix}" if self.fix else self.message

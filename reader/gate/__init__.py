@@ -13,5 +13,5 @@
   exit code and ``summary.json``.
 - ``upgrade_gate``: the guides run in venvs of other torch releases, for real.
 
-May import: source, format.
+May import: source, format, claims.
 """

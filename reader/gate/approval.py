@@ -5,29 +5,24 @@ this torch in the same session and held (passed, or failed exactly as its xfail 
 did not run refuses the approval, unless a person gives ``--force`` with a reason, which the lock keeps beside
 the claims that failed. Anchors that cannot be pinned (removed, a lost pattern or note) refuse it always: there
 is no source to record. The front ends (``pytest --approve``, ``fsdp-readings approve``) hand in each claim's
-outcome as plain data (`ClaimResult`), reached by ``reader.claims.verdict.decide``; nothing here runs a claim.
+verdict, reached by ``reader.claims.verdict.decide``; nothing here runs a claim.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from reader.claims.status import Status
 from reader.format.guide import Guide
 from reader.gate.drift import Drift
 from reader.gate.lock_entries import GuideRecord
 
-HELD = ("passed", "xfailed", "xpassed")
+if TYPE_CHECKING:
+    from reader.claims.verdict import ClaimVerdict
 FORCE_HINT = 'fix the guide, scope the claim to the torch it holds for (`torch = "<2.15"`), or approve anyway ' \
     'with --force "<why>" (the reason is kept in the lock)'  # fmt: skip
-
-
-@dataclass(frozen=True)
-class ClaimResult:
-    """A claim's outcome in this session: passed, failed, skipped, xfailed or xpassed, and its first line."""
-
-    status: str
-    message: str = ""
 
 
 class NotApprovable(Exception):
@@ -54,7 +49,7 @@ class ClaimsOutcome:
     reasons: list[str] = field(default_factory=list)
 
 
-def sort_claims(guide: Guide, results: Mapping[str, ClaimResult], torch_version: str | None) -> ClaimsOutcome:
+def sort_claims(guide: Guide, results: Mapping[str, ClaimVerdict], torch_version: str | None) -> ClaimsOutcome:
     outcome = ClaimsOutcome()
     for claim in guide.claims:
         result = results.get(claim.id)
@@ -64,19 +59,20 @@ def sort_claims(guide: Guide, results: Mapping[str, ClaimResult], torch_version:
                 f"claim `{claim.id}` did not run in this session (deselected, or the session stopped before it): "
                 "approval needs every claim of the guide to run, so run them all"
             )
-        elif result.status in HELD:
+        elif result.status.held:
             outcome.held.append(claim.id)
-        elif result.status == "skipped":
+        elif result.status is Status.SKIPPED:
             outcome.skipped.append(claim.id)
         else:
             outcome.failed.append(claim.id)
-            said = f": {result.message}" if result.message else ""
+            found = f"`{result.reason}` {result.summary}" if result.reason else result.summary
+            said = f": {found}" if found else ""
             outcome.reasons.append(f"claim `{claim.id}` failed on torch {torch_version}{said}")
     return outcome
 
 
 def claims_record(
-    guide: Guide, results: Mapping[str, ClaimResult], torch_version: str | None, force: str | None
+    guide: Guide, results: Mapping[str, ClaimVerdict], torch_version: str | None, force: str | None
 ) -> GuideRecord:
     """What the lock records of the guide's claims on this torch; raises `NotApprovable` when one failed or did
     not run and no ``force`` reason was given."""

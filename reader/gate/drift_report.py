@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from reader.claims.status import Status
 from reader.gate.drift import EXPLAIN, DriftKind
 from reader.gate.outcome import SUMMARY_JSON, SUMMARY_MD, Outcome, summary_data, write_summary
 from reader.gate.report import (
@@ -62,11 +63,11 @@ def headline(report: SessionReport) -> str:
     drifted = report.drifted
     kinds = [k.value for k in _SEVERITY if any(a.kind == k.value for a in drifted)]
     by_kind = ", ".join(f"{sum(1 for a in drifted if a.kind == k)} {k}" for k in kinds)
-    guides = sum(1 for g in report.guides if any(a.outcome == "failed" for a in g.anchors))
+    guides = sum(1 for g in report.guides if any(a.outcome is Status.FAILED for a in g.anchors))
     claims = [c for g in report.guides for c in g.claims]
     held = sum(g.claims_held for g in report.guides)
-    failed = sum(1 for c in claims if c.outcome == "failed")
-    skipped = sum(1 for c in claims if c.outcome == "skipped")
+    failed = sum(1 for c in claims if c.outcome is Status.FAILED)
+    skipped = sum(1 for c in claims if c.outcome is Status.SKIPPED)
     anchors = sum(len(g.anchors) for g in report.guides)
     first = (
         f"**{len(drifted)} of {anchors} anchors to re-read** in {guides} guide{'s' * (guides != 1)}: {by_kind}."
@@ -91,18 +92,18 @@ def _head(report: SessionReport) -> list[str]:
 
 
 def _drifted(report: SessionReport) -> list[GuideReport]:
-    return [g for g in report.guides if any(a.outcome == "failed" for a in g.anchors)]
+    return [g for g in report.guides if any(a.outcome is Status.FAILED for a in g.anchors)]
 
 
 def _failed(report: SessionReport) -> list[tuple[GuideReport, ClaimRow]]:
-    return [(g, c) for g in report.guides for c in g.claims if c.outcome == "failed"]
+    return [(g, c) for g in report.guides for c in g.claims if c.outcome is Status.FAILED]
 
 
 def checklist(report: SessionReport) -> list[str]:
     """One box per guide to re-read: its drifted anchors with their class, and the guide lines to read."""
     out = []
     for g in _drifted(report):
-        rows = [a for a in g.anchors if a.outcome == "failed"]
+        rows = [a for a in g.anchors if a.outcome is Status.FAILED]
         names = ", ".join(f"`{a.name}` ({a.label})" for a in rows)
         lines = reread_lines(rows)
         where = f" — {g.path} {'line' if lines.isdigit() else 'lines'} {lines}" if lines else ""
@@ -159,7 +160,7 @@ def to_markdown(report: SessionReport) -> str:
     out += ["", "<details><summary>Every guide</summary>", ""]
     out += ["| guide | anchors ok | drifted | claims ok | failed | skipped |", "|---|---|---|---|---|---|"]
     for g in report.guides:
-        ok = sum(1 for a in g.anchors if a.outcome in ("passed", "approved"))
+        ok = sum(1 for a in g.anchors if a.outcome in (Status.PASSED, Status.APPROVED))
         out.append(
             f"| `{g.id}` | {ok} | {g.count(g.anchors, 'failed')} | {g.claims_held} "
             f"| {g.count(g.claims, 'failed')} | {g.count(g.claims, 'skipped')} |"
@@ -220,7 +221,7 @@ def _guide_section(g: GuideReport, diffs: DiffsShown) -> list[str]:
     out = ["", f"### `{g.id}`", ""]
     commands = " or ".join(f"`{c}`" for c in approve_commands(g.id, g.path))
     out.append(f"Re-read the guide against the new source, then: {commands}")
-    rows = [a for a in g.anchors if a.outcome == "failed" and a.drift is not None]
+    rows = [a for a in g.anchors if a.outcome is Status.FAILED and a.drift is not None]
     for kind in _SEVERITY:
         of_kind = [a for a in rows if a.kind == kind.value]
         if not of_kind:
@@ -228,7 +229,7 @@ def _guide_section(g: GuideReport, diffs: DiffsShown) -> list[str]:
         out += ["", f"#### {kind.value} ({len(of_kind)}): {EXPLAIN[kind]}"]
         for a in of_kind:
             out += _anchor_section(g, a, diffs)
-    for c in (c for c in g.claims if c.outcome == "failed"):
+    for c in (c for c in g.claims if c.outcome is Status.FAILED):
         out += ["", f"**claim `{c.id}` failed** ({_claim_at(g, c)}, reason `{c.reason or 'error'}`): {c.message}"]
     return out
 
@@ -321,7 +322,7 @@ def _diffs_that_fit(report: SessionReport, budget: int) -> list[str]:
     used = _size(out)
     for g in _drifted(report):
         for a in g.anchors:
-            if a.outcome != "failed" or a.drift is None or not a.drift.diff or shown.seen(g, a):
+            if a.outcome is not Status.FAILED or a.drift is None or not a.drift.diff or shown.seen(g, a):
                 continue
             block = ["", f"- `{g.id}/{a.name}` · `{a.symbol}` ({a.label})", *_diff(a.drift.diff)]
             reserve = _size([f"Not shown here (too long for a PR comment): {len(left_out) + 1} diffs"]) + 400

@@ -23,6 +23,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from reader.claims.status import Status
 from reader.gate.report import GuideReport, SessionReport, reread_lines
 
 SUMMARY_JSON = "summary.json"
@@ -81,7 +82,7 @@ def outcome_of(report: SessionReport) -> Outcome:
     """What the session's findings amount to (the caller adds what only it knows: pytest's own status)."""
     if report.broken:
         return Outcome.BROKEN
-    failed = [c for g in report.guides for c in g.claims if c.outcome == "failed"]
+    failed = [c for g in report.guides for c in g.claims if c.outcome is Status.FAILED]
     if report.other_failures or any(c.ran for c in failed):
         return Outcome.BEHAVIOUR
     if any(not c.blocked for c in failed):  # it never ran, and no anchor blocked it: the rank pool could not
@@ -115,10 +116,10 @@ def summary_data(report: SessionReport, files: dict[str, str] | None = None) -> 
         "claims": {
             "total": len(claims),
             "held": sum(g.claims_held for g in report.guides),
-            "failed": sum(1 for c in claims if c.outcome == "failed"),
-            "skipped": sum(1 for c in claims if c.outcome == "skipped"),
+            "failed": sum(1 for c in claims if c.outcome is Status.FAILED),
+            "skipped": sum(1 for c in claims if c.outcome is Status.SKIPPED),
         },
-        "reread": [_reread(g) for g in report.guides if any(a.outcome == "failed" for a in g.anchors)],
+        "reread": [_reread(g) for g in report.guides if any(a.outcome is Status.FAILED for a in g.anchors)],
         "failed_claims": [
             {
                 "guide": g.id,
@@ -131,7 +132,7 @@ def summary_data(report: SessionReport, files: dict[str, str] | None = None) -> 
             }
             for g in report.guides
             for c in g.claims
-            if c.outcome == "failed"
+            if c.outcome is Status.FAILED
         ],
         "other_failures": report.other_failures,
         "refused": report.refused,
@@ -141,7 +142,7 @@ def summary_data(report: SessionReport, files: dict[str, str] | None = None) -> 
 
 
 def _reread(guide: GuideReport) -> dict[str, Any]:
-    rows = [a for a in guide.anchors if a.outcome == "failed"]
+    rows = [a for a in guide.anchors if a.outcome is Status.FAILED]
     return {
         "guide": guide.id,
         "path": guide.path,

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
+from reader.claims.status import Status
 from reader.format.guide import AnchorSpec, ClaimSpec, ExpectBlockUnavailable, Guide, block_reference
 from reader.gate.drift import Drift, DriftKind
+
+if TYPE_CHECKING:
+    from reader.claims.verdict import ClaimVerdict
 
 
 def approve_commands(guide_id: str, guide_path: str) -> list[str]:
@@ -28,13 +32,16 @@ def approve_commands(guide_id: str, guide_path: str) -> list[str]:
 class AnchorRow:
     name: str
     symbol: str
-    outcome: str  # "passed" | "failed" | "skipped" | "approved"
+    outcome: Status  # PASSED, FAILED, SKIPPED or APPROVED
     drift: Drift | None = None
     message: str = ""
     quoted_at: tuple[int, ...] = ()  # guide lines of the ```source fences that quote this anchor
     notes_at: tuple[int, ...] = ()  # guide lines of the notes pinned to its code
     claims: tuple[str, ...] = ()  # claims that name it as their runtime evidence
     line: int = 0  # the anchor's own line in the guide (its ``[[anchors]]`` entry)
+
+    def __post_init__(self) -> None:
+        self.outcome = Status(self.outcome)  # also when given as its text
 
     @property
     def lost_notes(self) -> list[str]:
@@ -64,7 +71,7 @@ class AnchorRow:
         return self.drift.label if self.drift is not None else "?"
 
 
-def anchor_row(guide: Guide, anchor: AnchorSpec, outcome: str, drift: Drift | None, message: str = "") -> AnchorRow:
+def anchor_row(guide: Guide, anchor: AnchorSpec, outcome: Status, drift: Drift | None, message: str = "") -> AnchorRow:
     """A report row with where the guide relies on the anchor, so a reviewer knows which lines to re-read."""
     blocks = guide.source_blocks(anchor.name)
     return AnchorRow(
@@ -135,13 +142,25 @@ def expect_pointer(
 class ClaimRow:
     id: str
     statement: str
-    outcome: str  # "passed" | "failed" | "skipped" | "xfailed" | "xpassed"
-    message: str = ""  # the first line of a failure, the reason of a skip or of an xfail
-    reason: str | None = None  # a failed check's `Violation` reason (None: it raised something else)
+    outcome: Status  # a claim's: never APPROVED
+    message: str = ""  # the verdict's summary: a failure's finding, the reason of a skip or what an xfail says
+    reason: str | None = None  # a failed claim's reason (the `Violation`'s, or the verdict's own); None otherwise
     line: int = 0  # the claim's line in the guide
     expect: ExpectPointer | None = None  # a failed claim's expect rows that are now false
     ran: bool = True  # False: it failed without running (its anchors did not resolve, or no rank pool)
     blocked: bool = False  # it did not run because anchors of its guide no longer resolve: drift, not behaviour
+
+    def __post_init__(self) -> None:
+        self.outcome = Status(self.outcome)  # also when given as its text
+
+    @classmethod
+    def of(cls, claim: ClaimSpec, verdict: ClaimVerdict) -> ClaimRow:
+        """The row of ``claim`` as its verdict has it (where its guide is now wrong is added by the caller, which
+        has the guide on the torch it ran on: `expect_pointer`)."""
+        failed = verdict.status is Status.FAILED
+        ran = not (failed and verdict.decided and verdict.outcome is None)
+        return cls(claim.id, claim.statement, verdict.status, verdict.summary, verdict.reason if failed else None,
+                   line=claim.line, ran=ran)  # fmt: skip
 
     @property
     def at(self) -> int:
@@ -157,13 +176,13 @@ class GuideReport:
     anchors: list[AnchorRow] = field(default_factory=list)
     claims: list[ClaimRow] = field(default_factory=list)
 
-    def count(self, rows: list[AnchorRow] | list[ClaimRow], outcome: str) -> int:
+    def count(self, rows: list[AnchorRow] | list[ClaimRow], outcome: Status) -> int:
         return sum(1 for r in rows if r.outcome == outcome)
 
     @property
     def claims_held(self) -> int:
         """Claims that passed, or failed exactly as their xfail expects."""
-        return sum(1 for c in self.claims if c.outcome in ("passed", "xfailed", "xpassed"))
+        return sum(1 for c in self.claims if c.outcome.held)
 
 
 def expected_failures(report: SessionReport) -> list[str]:
@@ -172,7 +191,7 @@ def expected_failures(report: SessionReport) -> list[str]:
         f"{g.id}/{c.id}: {c.outcome}: {c.message}"
         for g in report.guides
         for c in g.claims
-        if c.outcome in ("xfailed", "xpassed")
+        if c.outcome in (Status.XFAILED, Status.XPASSED)
     ]
 
 
@@ -202,7 +221,7 @@ class SessionReport:
 
     @property
     def drifted(self) -> list[AnchorRow]:
-        return [a for g in self.guides for a in g.anchors if a.outcome == "failed"]
+        return [a for g in self.guides for a in g.anchors if a.outcome is Status.FAILED]
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -290,13 +309,13 @@ def summary(report: SessionReport, *, claims: bool = True) -> RenderableType:
     heading.no_wrap, heading.overflow = True, "ignore"  # the path is read and copied whole
     rows = []
     for g in report.guides:
-        ok = sum(1 for a in g.anchors if a.outcome in ("passed", "approved"))
-        cells = [Text(str(ok)), _num(g.count(g.anchors, "failed"), "red")]
+        ok = sum(1 for a in g.anchors if a.outcome in (Status.PASSED, Status.APPROVED))
+        cells = [Text(str(ok)), _num(g.count(g.anchors, Status.FAILED), "red")]
         if claims:
             cells += [
                 _num(g.claims_held, "green"),
-                _num(g.count(g.claims, "failed"), "red"),
-                _num(g.count(g.claims, "skipped"), "yellow"),
+                _num(g.count(g.claims, Status.FAILED), "red"),
+                _num(g.count(g.claims, Status.SKIPPED), "yellow"),
             ]
         rows.append((g.id, cells))
     heads = ("anchors", "drifted", "claims", "failed", "skipped")[: 5 if claims else 2]
@@ -355,7 +374,7 @@ Noted = list[tuple[GuideReport, AnchorRow]]  # anchors that pass with a note, wi
 def passing_notes(report: SessionReport) -> tuple[Noted, Noted]:
     """Anchors that pass with a note: cosmetic changes (listed one by one: the text changed) and moves (collapsed
     per guide by `moved_lines`: the code is the approved code, only its lines are new)."""
-    passing = [(g, a) for g in report.guides for a in g.anchors if a.outcome == "passed" and a.drift is not None]
+    passing = [(g, a) for g in report.guides for a in g.anchors if a.outcome is Status.PASSED and a.drift is not None]
     cosmetic = [(g, a) for g, a in passing if a.drift is not None and a.drift.kind is DriftKind.COSMETIC]
     moved = [(g, a) for g, a in passing if a.drift is not None and a.drift.kind is DriftKind.MOVED]
     return cosmetic, moved

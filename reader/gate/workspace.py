@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from reader.format.guide import AnchorSpec, Guide
-from reader.gate.approval import ClaimResult, NotApprovable, claims_record
+from reader.gate.approval import NotApprovable, claims_record
 from reader.gate.drift import Drift, DriftKind, classify, other_torch
 from reader.gate.lock import ApprovedSource, GuideRecord, Lock, approve, settle
 from reader.gate.releases import UNKNOWN, release, release_or_unknown, sorted_releases
@@ -21,6 +22,9 @@ from reader.source.anchors import AnchorError, Resolution, Resolver
 from reader.source.files import relative_to_cwd
 from reader.source.index import IndexCache
 from reader.source.torch_source import TorchSource
+
+if TYPE_CHECKING:
+    from reader.claims.verdict import ClaimVerdict
 
 LOCK_NAME = "anchors.lock"
 
@@ -149,7 +153,7 @@ class Workspace:
         return drifts
 
     def approve_guide(
-        self, guide: Guide, claims: Mapping[str, ClaimResult], *, force: str | None = None
+        self, guide: Guide, claims: Mapping[str, ClaimVerdict], *, force: str | None = None
     ) -> GuideApproval:
         """Record the guide's anchors as read on this torch, with what its claims did here (``claims``: each claim
         of this session, by id). All or nothing: `NotApprovable` names every reason, and nothing is recorded."""

@@ -5,7 +5,7 @@ Approval depends on the guide's claim verdicts of the same session, so the plan 
 - `plan` picks the guides (``--approve=<id>``; a bare ``--approve`` takes the one guide whose anchors drift, and
   refuses with their list when there are several), lets their slow claims run, and moves their anchor items
   after their claim and predict items.
-- `decide` is asked by the first anchor item of such a guide: every claim's outcome in this session (a
+- `decide` is asked by the first anchor item of such a guide: every claim's verdict in this session (a
   deselected one did not run) goes to ``Workspace.approve_guide``, which records the whole guide or nothing.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from reader.format.guide import Guide
-from reader.gate.approval import ClaimResult, NotApprovable
+from reader.gate.approval import NotApprovable
 from reader.gate.drift import DriftKind
 from reader.gate.lock import LockError
 from reader.gate.workspace import GuideApproval
@@ -72,14 +72,10 @@ def _bare(reader: ReaderSession, guides: list[Guide]) -> frozenset[str]:
 
 
 def decide(reader: ReaderSession, guide: Guide) -> GuideApproval | NotApprovable:
-    """Approve ``guide`` from this session's claim outcomes (once; later anchor items read the decision)."""
+    """Approve ``guide`` from this session's claim verdicts (once; later anchor items read the decision)."""
     findings = reader.findings
     if guide.id not in findings.approvals:
-        rows = {row.id: row for row in findings.report.guide(guide.id, reader.display(guide.path), guide.title).claims}
-        results = {
-            cid: ClaimResult(row.outcome, f"`{row.reason}` {row.message}" if row.reason else row.message)
-            for cid, row in rows.items()
-        }
+        results = {cid: verdict for (gid, cid), verdict in findings.verdicts.items() if gid == guide.id}
         workspace = reader.resources.workspace()
         try:
             decided: GuideApproval | NotApprovable = workspace.approve_guide(guide, results, force=reader.options.force)

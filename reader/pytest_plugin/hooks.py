@@ -35,10 +35,12 @@ import pytest
 from rich.console import Console
 
 from checks.ranks.protocol import CheckRequest, CheckRun, Patch
-from reader.claims import pictures
+from reader.claims.pictures import Pictures
 from reader.claims.progress import Progress, ProgressError
+from reader.claims.records import record_verdicts
 from reader.claims.request import traced_request
-from reader.claims.verdict import failure_summary
+from reader.claims.status import Status
+from reader.claims.verdict import ClaimVerdict
 from reader.format.guide import ClaimSpec, Guide
 from reader.gate.drift_report import write_drift_report
 from reader.gate.outcome import (
@@ -228,29 +230,39 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def _record(reader: ReaderSession, item: GuideItem, report: pytest.TestReport) -> None:
     guide = item.guide
     row = reader.findings.report.guide(guide.id, reader.display(guide.path), guide.title)
-    outcome = "passed" if report.passed else "skipped" if report.skipped else "failed"
-    message = ""
-    if hasattr(report, "wasxfail"):  # an xfail claim: failed as expected, or passed though not strict
-        outcome, message = ("xfailed" if report.skipped else "xpassed"), report.wasxfail
-    elif report.skipped and isinstance(report.longrepr, tuple):
-        message = str(report.longrepr[2])
-    elif report.failed:
-        message = report.longreprtext.strip().split("\n")[0]
     if isinstance(item, AnchorItem):
-        if item.approved and report.passed:
-            outcome = "approved"
-        row.anchors.append(anchor_row(guide, item.anchor, outcome, item.drift, message))
+        row.anchors.append(anchor_row(guide, item.anchor, _anchor_status(item, report), item.drift, _said(report)))
     elif isinstance(item, ClaimItem):
-        verdict = reader.findings.verdicts.get((guide.id, item.claim.id))
-        claim = ClaimRow(item.claim.id, item.claim.statement, outcome, message, line=item.claim.line)
-        if outcome == "failed" and verdict is not None and verdict.failure:
-            claim.reason, claim.message = failure_summary(verdict)
+        verdict = item.verdict if item.verdict is not None else ended_by_pytest(report)
+        item.verdict = verdict
+        reader.findings.verdicts.setdefault((guide.id, item.claim.id), verdict)
+        claim = ClaimRow.of(item.claim, verdict)
+        if verdict.status is Status.FAILED and verdict.decided:
             _locate(reader, guide, item, claim, verdict.outcome)
         row.claims.append(claim)
-        if verdict is not None:  # the claim was judged (not a preview, a slow skip or a missing GPU)
-            reader.findings.results[(guide.id, item.claim.id)] = outcome
-            if outcome == "passed" and set(item.claim.views) & set(pictures.DRAWN):
-                reader.findings.pictures[(guide.id, item.claim.id)] = (item.claim.views, pictures.rank_zero(verdict))
+
+
+def _anchor_status(item: AnchorItem, report: pytest.TestReport) -> Status:
+    """An anchor item's status is pytest's outcome of it (its drift is on the item), or approved."""
+    if report.passed:
+        return Status.APPROVED if item.approved else Status.PASSED
+    return Status.SKIPPED if report.skipped else Status.FAILED
+
+
+def _said(report: pytest.TestReport) -> str:
+    """What pytest shows of an item that did not pass, in a line: why it was skipped, or its failure's first."""
+    if report.skipped:
+        return str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else ""
+    return report.longreprtext.strip().split("\n")[0] if report.failed else ""
+
+
+def ended_by_pytest(report: pytest.TestReport) -> ClaimVerdict:
+    """The verdict of a claim item that pytest ended before `decide` reached one: skipped at setup (slow) or for
+    a guide of another torch, a ``--torch-source`` preview, or an error in the reader (torch's source unreadable).
+    It holds what pytest said and is not decided: no result of the claim's, so the progress file never keeps it."""
+    if report.skipped:
+        return ClaimVerdict.skip(_said(report).removeprefix("Skipped: "), decided=False)
+    return ClaimVerdict.fail(None, report.longreprtext, reason=None, summary=_said(report), decided=False)
 
 
 def _locate(reader: ReaderSession, guide: Guide, item: ClaimItem, claim: ClaimRow, run: CheckRun | None) -> None:
@@ -329,20 +341,19 @@ def _judge(report: SessionReport, status: int, *, reporting: bool) -> Outcome:
 
 
 def _remember(reader: ReaderSession) -> None:
-    """Record each judged claim's result in the learner's progress file (``fsdp-readings list`` shows it), with
-    the torch it ran on. Under torchrun every rank reached the same results; rank 0 writes them."""
+    """Record each decided claim's result in the learner's progress file (``fsdp-readings list`` shows it), with
+    the torch it ran on, and the pictures of passing ones (`reader.claims.records`). Under torchrun every rank
+    reached the same verdicts; rank 0 writes them."""
     findings, workspace = reader.findings, reader.resources.opened
-    if not findings.results or workspace is None or os.environ.get("RANK", "0") != "0":
+    guides = findings.guides.guides
+    decided = [(gid, guides[gid].claim(cid), v) for (gid, cid), v in findings.verdicts.items() if v.decided]
+    if not decided or workspace is None or os.environ.get("RANK", "0") != "0":
         return
     try:
-        progress = Progress()
-        for (guide_id, claim_id), outcome in findings.results.items():
-            progress.record_claim(guide_id, claim_id, outcome, workspace.torch_version)
+        progress, drawn = Progress(), Pictures()
+        kept = record_verdicts(decided, workspace.torch_version, progress, drawn)
         progress.save()
-        if findings.pictures:  # for the site's pages (`fsdp-readings site`)
-            drawn = pictures.Pictures()
-            for (guide_id, claim_id), (views, value) in findings.pictures.items():
-                drawn.record(guide_id, claim_id, views, value, workspace.torch_version)
+        if kept:  # for the site's pages (`fsdp-readings site`)
             drawn.save()
     except (ProgressError, OSError) as exc:
         findings.progress_problem = f"claim results not recorded: {exc}"

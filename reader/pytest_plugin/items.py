@@ -1,8 +1,8 @@
 """The pytest nodes of a guide: its file, one item per anchor (the drift gate), one per claim (the check).
 
 Items carry their specs (``item.guide``, ``item.anchor`` / ``item.claim``) and, after running, what they found
-(``AnchorItem.drift``, ``AnchorItem.approved``): the plugin's report hook reads them off the item. Ids come
-from anchor names and claim ids, never from line numbers.
+(``AnchorItem.drift``, ``AnchorItem.approved``, ``ClaimItem.verdict``): the plugin's report hook reads them off
+the item. Ids come from anchor names and claim ids, never from line numbers.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from checks.ranks.protocol import CheckRequest, CheckRun
+from reader.claims.status import Status
 from reader.claims.text import claim_header
-from reader.claims.verdict import ClaimVerdict, Status, decide, describe_xfail, observed_run
+from reader.claims.verdict import ClaimVerdict, decide, describe_xfail
 from reader.format.errors import GuideError
 from reader.format.guide import AnchorSpec, ClaimSpec, Guide
 from reader.format.parse import load_guide, looks_like_guide
@@ -197,13 +198,15 @@ class ClaimItem(GuideItem):
         self.guide = guide
         self.claim = claim
         self.line = claim.line
+        # Its verdict once `runtest` reached one; the report hook gives one to an item pytest ended before that.
+        self.verdict: ClaimVerdict | None = None
         _mark_like(self, claim)
         _mark_expected_failure(self, claim)
 
     def runtest(self) -> None:
         if session_of(self.config).resources.preview is not None:
             pytest.skip(PREVIEW_SKIP)
-        verdict = claim_verdict(self)
+        verdict = self.verdict = claim_verdict(self)
         if verdict.skipped:
             pytest.skip(verdict.skipped)
         if verdict.outcome is not None:
@@ -242,12 +245,12 @@ class PredictItem(GuideItem):
         if verdict.skipped:
             pytest.skip(verdict.skipped)
         head = f"{self.where()}: predict `{self.question.id}`"
-        if verdict.failure or verdict.outcome is None:
+        if verdict.status is Status.FAILED or verdict.outcome is None:
             raise ClaimFailed(f"{head}: its claim `{self.claim.id}` did not pass\n{verdict.failure}")
         if self.question.observe is None:
             return
         try:
-            seen = observed(observed_run(verdict), self.question.observe)
+            seen = observed(verdict.measured, self.question.observe)
         except NotObserved as exc:
             raise ClaimFailed(f"{head}: the run of `{self.claim.id}` returned nothing at {exc}") from None
         self.user_properties.append(("observed", seen))

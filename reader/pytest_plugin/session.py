@@ -4,9 +4,9 @@
   error before anything is collected).
 - `Resources`: torch's source, the workspace over it and the check runner, opened on first use and closed at
   the end, so a session that runs no guide item never reads torch or starts a rank pool.
-- `Findings`: what collection and the items found (guides, broken input, the approvals decided, the other tests
-  that failed); the outcome and exit code (`reader.gate.outcome`), the terminal summary and the drift report are
-  made from it.
+- `Findings`: what collection and the items found (guides, broken input, each claim's verdict, the approvals
+  decided, the other tests that failed); the outcome and exit code (`reader.gate.outcome`), the terminal
+  summary and the drift report are made from it.
 
 `ReaderSession` bundles the three with `Display`; ``session_of(config)`` finds it.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -30,6 +30,9 @@ from reader.pytest_plugin.runner import CheckRunner, PoolRunner
 from reader.source.checkref import CheckFinder
 from reader.source.index import IndexCache
 from reader.source.torch_source import SourceError, TorchSource, open_source
+
+if TYPE_CHECKING:
+    from reader.claims.verdict import ClaimVerdict
 
 
 @dataclass(frozen=True)
@@ -163,10 +166,10 @@ class Findings:
     broken: dict[str, str] = field(default_factory=dict)  # nodeid of a guide file (or "--approve=ID") → problems
     lock_error: LockError | None = None
     written: tuple[Path, Path] | None = None  # the drift report's JSON and Markdown files
-    verdicts: dict[tuple[str, str], Any] = field(default_factory=dict)  # (guide id, claim id) → ClaimVerdict
-    results: dict[tuple[str, str], str] = field(default_factory=dict)  # judged claims' item outcomes, to record
-    # (guide id, claim id) → (its declared views, rank 0's value) of passing claims that draw memory or a layout
-    pictures: dict[tuple[str, str], tuple[tuple[str, ...], Any]] = field(default_factory=dict)
+    # (guide id, claim id) → its verdict in this session: decided once (a predict question reads its claim's), or
+    # given by the report hook to a claim item pytest ended before one. The report's rows, approval and the
+    # progress file are all read from these.
+    verdicts: dict[tuple[str, str], ClaimVerdict] = field(default_factory=dict)
     progress_problem: str | None = None  # why the results could not be recorded
 
     approving: frozenset[str] = frozenset()  # the guides --approve approves, once collection is done

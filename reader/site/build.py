@@ -12,6 +12,7 @@ from pathlib import Path
 
 from reader.claims.pictures import Pictures
 from reader.claims.progress import Progress, ProgressError, data_dir
+from reader.claims.status import Status, tally
 from reader.format.errors import GuideError
 from reader.format.guide import Guide
 from reader.format.path import load_glossary, reading_path
@@ -131,14 +132,13 @@ def _release_line(here: str, approved: set[str], guides: list[Guide]) -> dict[st
     return {"approved": False, "text": text, "here": here}
 
 
-def _standing(workspace: Workspace, guide: Guide, results: dict[str, str]) -> dict[str, str]:
+def _standing(workspace: Workspace, guide: Guide, results: dict[str, Status]) -> dict[str, str]:
     """A guide's row on the index: its anchors' drift and its claims' last results on this torch (as ``list``)."""
     read = guide.on(workspace.torch_version)
     drifted = sum(1 for anchor in read.anchors if not workspace.drift(read, anchor).ok)
     anchors = f"{drifted}/{len(read.anchors)} drifted" if drifted else f"{len(read.anchors)} ok"
     ran = [results[c.id] for c in guide.claims if c.id in results]
-    failed = ran.count("failed")
-    held = sum(1 for r in ran if r in ("passed", "xfailed"))
+    held, failed = tally(ran)
     claims = "not run" if not ran else f"{held}/{len(guide.claims)} held" + (f", {failed} failed" if failed else "")
     return {
         "anchors": anchors,

@@ -14,6 +14,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
 from reader.claims.pictures import Pictures
+from reader.claims.status import Status
 from reader.format.guide import ClaimSpec, ExpectBlock, Guide, Prose, SourceBlock, block_reference
 from reader.format.predict import PredictQuestion
 from reader.gate.workspace import Workspace
@@ -96,18 +97,18 @@ def _predict_html(guide: Guide, question: PredictQuestion) -> str:
 
 
 RESULT_TEXT = {
-    "passed": "held",
-    "xfailed": "held (fails as its xfail expects)",
-    "failed": "FAILED",
-    "xpassed": "passed, though its xfail expects a failure",
-    "skipped": "skipped",
+    Status.PASSED: "held",
+    Status.XFAILED: "held (fails as its xfail expects)",
+    Status.FAILED: "FAILED",
+    Status.XPASSED: "passed, though its xfail expects a failure",
+    Status.SKIPPED: "skipped",
 }
 
 
-def _claim(guide: Guide, claim: ClaimSpec, result: str | None, torch: str | None, *, drawn: Mapping[str, Any],
+def _claim(guide: Guide, claim: ClaimSpec, result: Status | None, torch: str | None, *, drawn: Mapping[str, Any],
            exercises: Mapping[str, list[str]]) -> dict[str, Any]:  # fmt: skip
     shown = (
-        f"last run on torch {torch}: {RESULT_TEXT.get(result, result)}"
+        f"last run on torch {torch}: {RESULT_TEXT[result]}"
         if result
         else (f"not run on torch {torch} yet: fsdp-readings check {guide.id} {claim.id}")
     )
@@ -165,7 +166,7 @@ def guide_page(
     workspace: Workspace,
     context: SiteContext,
     *,
-    results: Mapping[str, str],
+    results: Mapping[str, Status],
     pictures: Pictures,
     exercises: Mapping[str, list[str]],
     approved: bool,

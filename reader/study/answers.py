@@ -17,6 +17,8 @@ from typing import TextIO
 
 from rich.console import Console
 
+from reader.format.errors import CommandProblem
+
 INTERRUPTED = 130  # the shell's exit status for a command stopped by Ctrl-C (128 + SIGINT)
 Check = Callable[[str], str | None]  # an answer → why it does not fit, or None
 
@@ -25,31 +27,30 @@ class EndOfInput(EOFError):
     """Standard input ended before every question had its answer."""
 
 
-def read_answers(
-    path: Path, ids: list[str], kind: str, console: Console, checks: dict[str, Check] | None = None
-) -> dict[str, str] | None:
-    """An answers file (TOML, or JSON by suffix) mapping each of ``ids`` (``kind``: "question", "exercise") to
-    an answer; a list becomes a comma-separated order. ``checks`` (by id) refuse answers that do not fit. Says what
-    is wrong and returns None otherwise."""
+def read_answers(path: Path | None, ids: list[str], kind: str, checks: dict[str, Check]) -> dict[str, str] | None:
+    """The answers in ``path`` (None: none given, they are asked at the prompt), a file (TOML, or JSON by
+    suffix) mapping each of ``ids`` (``kind``: "question", "exercise") to an answer; a list becomes a
+    comma-separated order. ``checks`` (by id) refuse answers that do not fit. `CommandProblem` says what is
+    wrong."""
+    if path is None:
+        return None
     try:
         text = path.read_text(encoding="utf-8")
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except (OSError, ValueError) as exc:
-        console.print(f'[red]{path}: cannot read answers ({exc})[/] (write TOML: {kind}-id = "answer")')
-        return None
+        raise CommandProblem(f"{path}: cannot read answers ({exc})", f'write TOML: {kind}-id = "answer"') from None
     unknown, missing = sorted(set(data) - set(ids)), [i for i in ids if i not in data]
     if unknown or missing:
         what = f"unknown {kind}(s) {', '.join(unknown)}" if unknown else f"no answer for {', '.join(missing)}"
-        console.print(f"[red]{path}: {what}[/] ({kind}s: {', '.join(ids)})")
-        return None
+        raise CommandProblem(f"{path}: {what}", f"answer each of the {kind}s: {', '.join(ids)}")
     answers = {
         key: ", ".join(map(str, value)) if isinstance(value, list) else str(value) for key, value in data.items()
     }
-    for key, check in (checks or {}).items():
+    for key, check in checks.items():
         why = check(answers[key])
         if why is not None:
-            console.print(f"[red]{path}: {kind} `{key}`: {answers[key]!r} does not fit[/]: {why}", highlight=False)
-            return None
+            raise CommandProblem(f"{path}: {kind} `{key}`: {answers[key]!r} does not fit: {why}",
+                                 f"write an answer that fits for `{key}` in {path}")  # fmt: skip
     return answers
 
 
@@ -86,3 +87,11 @@ def interrupted(console: Console, kept: str) -> int:
     """What Ctrl-C prints (one line, no traceback) and the exit status it gives."""
     console.print(f"\n[yellow]interrupted[/]: {kept}", highlight=False)
     return INTERRUPTED
+
+
+def stopped(console: Console, ended: str, kept: str) -> int:
+    """How questions or exercises that did not all get an answer end: Ctrl-C exits 130 (`interrupted`); input
+    that ended first is broken input, a `CommandProblem`. ``kept`` says what was kept of those answered."""
+    if ended == "interrupted":
+        return interrupted(console, kept)
+    raise CommandProblem(f"{ended}: {kept}", "give every answer at the prompt, or all of them in --answers FILE")

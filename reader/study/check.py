@@ -14,13 +14,15 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.text import Text
 
+from reader.claims.status import Status
 from reader.claims.verdict import ClaimVerdict
 from reader.format.guide import ClaimSpec, Guide
 from reader.study.answers import interrupted
 from reader.study.runner import FAILED, claim_runner, one_guide, pick_claims, pool_options
-from reader.study.session import BROKEN, CLEAN
+from reader.study.session import CLEAN
 from reader.views.fit import fitted, indented
 from reader.views.path import print_next
+from reader.views.problem import guarded
 
 EXAMPLES = """examples:
   fsdp-readings check 04-forward-prefetch                   every claim of guide 04, on the rank pool
@@ -39,14 +41,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     pool_options(parser)
 
 
+@guarded
 def run(args: argparse.Namespace, console: Console) -> int:
-    opened = one_guide(args, console)
-    if isinstance(opened, int):
-        return opened
-    session, guide = opened
-    claims = pick_claims(guide, args.claims, console)
-    if claims is None:
-        return BROKEN
+    session, guide = one_guide(args, console)
+    claims = pick_claims(guide, args.claims)
     if not args.claims and not args.slow:  # a claim named on the command line runs, slow or not
         slow = [c.id for c in claims if "slow" in c.markers]
         claims = [c for c in claims if "slow" not in c.markers]
@@ -69,13 +67,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
     for claim, verdict, _ in rows:
         if verdict.failure:
             console.print(Panel(Text(verdict.failure), title=f"{claim.id} failed", border_style="red"), soft_wrap=False)
-    counts = Counter(v.status.value for _, v, _ in rows)
-    shown = [s for s in ("passed", "xfailed", "xpassed", "skipped", "failed") if counts[s] or s in ("passed", "failed")]
+    counts = Counter(v.status for _, v, _ in rows)
+    shown = [s for s in SHOWN if counts[s] or s in (Status.PASSED, Status.FAILED)]
     console.print(", ".join(f"{counts[s]} {s}" for s in shown))
     if stopped:
         return interrupted(console, f"{len(rows)} of {len(claims)} claims ran; their results are kept")
     print_next(console, args.readings, guide.id, session.guide_ids)
-    return FAILED if counts["failed"] else CLEAN
+    return FAILED if counts[Status.FAILED] else CLEAN
 
 
 @contextmanager
@@ -85,7 +83,9 @@ def _progress(console: Console) -> Iterator[Progress]:
         yield progress
 
 
-RESULT_STYLES = {"skipped": "yellow", "failed": "red", "passed": "green", "xfailed": "cyan", "xpassed": "yellow"}
+SHOWN = (Status.PASSED, Status.XFAILED, Status.XPASSED, Status.SKIPPED, Status.FAILED)  # in the closing count
+RESULT_STYLES = {Status.SKIPPED: "yellow", Status.FAILED: "red", Status.PASSED: "green", Status.XFAILED: "cyan",
+                 Status.XPASSED: "yellow"}  # fmt: skip
 
 
 MEASURED = 240  # characters of what a claim's check returned, shown under it
@@ -99,12 +99,12 @@ def _results(guide: Guide, rows: list[tuple[ClaimSpec, ClaimVerdict, float]], wi
     lines: list[Text] = [Text(f"claims of {guide.id}", style="bold")]
     overhead = 0.0
     for claim, verdict, seconds in rows:
-        result = verdict.status.value
+        result = verdict.status
         in_ranks = _check_seconds(verdict)
         overhead += max(0.0, seconds - (in_ranks or 0.0))
         timing = f"{in_ranks:5.1f} s" if in_ranks is not None else "    - "
         head = Text.assemble(
-            ((result.upper() if result == "failed" else result).ljust(8), RESULT_STYLES[result]),
+            ((result.upper() if result is Status.FAILED else result).ljust(8), RESULT_STYLES[result]),
             f"{claim.world_size} ranks  {timing}  ",
         )
         lines.append(fitted(head, claim.id, width))
@@ -134,9 +134,9 @@ def _check_seconds(verdict: ClaimVerdict) -> float | None:
 
 def _measured(verdict: ClaimVerdict) -> str | None:
     """Rank 0's returned value, compact and cut at a word, for a claim whose check returned one."""
-    if verdict.outcome is None or verdict.outcome.failure or not verdict.outcome.results:
+    if verdict.outcome is None or not verdict.outcome.ok:
         return None
-    value = verdict.outcome.values()[0]
+    value = verdict.measured
     if value is None:
         return None
     text = " ".join(pprint.pformat(value, width=10_000, sort_dicts=False, compact=True).split())

@@ -17,12 +17,12 @@ from rich.table import Table
 from rich.text import Text
 
 from checks.breakit.patches import SABOTAGE
-from reader.claims.progress import Progress as Scores
-from reader.claims.progress import ProgressError
 from reader.claims.verdict import ClaimVerdict
-from reader.study.answers import Check, EndOfInput, interrupted, prompt, read_answers
-from reader.study.runner import FAILED, claim_runner, one_guide, pool_options
-from reader.study.session import BROKEN, CLEAN
+from reader.format.errors import CommandProblem
+from reader.study.answers import Check, EndOfInput, prompt, read_answers, stopped
+from reader.study.runner import FAILED, claim_runner, one_guide, open_scores, pool_options
+from reader.study.session import CLEAN
+from reader.views.problem import guarded
 
 EXAMPLES = """examples:
   fsdp-readings exercise 04-forward-prefetch                each puzzle: read the patch, name the claim it breaks
@@ -41,32 +41,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
     pool_options(parser)
 
 
+@guarded
 def run(args: argparse.Namespace, console: Console) -> int:
     from checks.breakit.exercises import exercise_modules, exercises_of  # exercises_of imports torch
 
-    opened = one_guide(args, console)
-    if isinstance(opened, int):
-        return opened
-    session, guide = opened
+    session, guide = one_guide(args, console)
     modules = exercise_modules(claim.check.split(":")[0] for claim in guide.claims)
     available = [exercise for module in modules for exercise in exercises_of(module)]
     known = [e.id for e in available]
     unknown = [e for e in args.exercises if e not in known]
-    if not available or unknown:
-        what = f"no exercise {', '.join(unknown)}" if unknown else "no exercises"
-        console.print(f"[red]{guide.id} has {what}[/] (exercises: {', '.join(known) or 'none'})")
-        return BROKEN
+    if not available:
+        raise CommandProblem(f"{guide.id} has no exercises", "`fsdp-readings list` counts each guide's exercises")
+    if unknown:
+        raise CommandProblem(f"{guide.id} has no exercise {', '.join(unknown)}",
+                             f"name one of its exercises: {', '.join(known)}")  # fmt: skip
     chosen = [e for e in available if not args.exercises or e.id in args.exercises]
     claims = [c.id for c in guide.claims]
     checks = {e.id: _checker(claims) for e in chosen}
-    answers = read_answers(args.answers, list(checks), "exercise", console, checks) if args.answers else None
-    if args.answers and answers is None:
-        return BROKEN
-    try:
-        scores = Scores()
-    except ProgressError as exc:
-        console.print(f"[red]{exc}[/]")
-        return BROKEN
+    answers = read_answers(args.answers, list(checks), "exercise", checks)
+    scores = open_scores()
     surprises, done, ended = 0, 0, None
     try:
         with claim_runner(session, args, scores, console) as runner:
@@ -96,11 +89,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     console.print(f"exercises: {right}/{tried} on {guide.id}")
     console.print("[dim]first answers count; a retake after a reveal is practice[/]")
     kept = f"{done} of {len(chosen)} exercises done; their results are kept"
-    if ended == "interrupted":
-        return interrupted(console, kept)
     if ended is not None:
-        console.print(f"[red]{ended}[/]: {kept}")
-        return BROKEN
+        return stopped(console, ended, kept)
     return FAILED if surprises else CLEAN
 
 

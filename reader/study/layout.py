@@ -14,6 +14,7 @@ from rich.text import Text
 
 from reader.study.runner import pool_options, run_for_rank
 from reader.study.session import CLEAN, DRIFT
+from reader.views.problem import guarded
 
 EXAMPLES = """examples:
   fsdp-readings layout 12-flat-parameter layout-at-4
@@ -34,12 +35,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     pool_options(parser)
 
 
+@guarded
 def run(args: argparse.Namespace, console: Console) -> int:
     from checks.models.flat_param_diagram import diagram_lines
 
     reading = run_for_rank(args, console, "layout")
-    if isinstance(reading, int):
-        return reading
+    if reading is None:
+        return CLEAN
     guide, verdict, value = reading.guide, reading.verdict, reading.value
     fields = value.get("layout") if isinstance(value, dict) else None
     if not fields:

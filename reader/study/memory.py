@@ -17,6 +17,7 @@ from rich.text import Text
 from reader.study.runner import pool_options, run_for_rank
 from reader.study.session import CLEAN, DRIFT
 from reader.views.memory import Series, extras, picture, svg
+from reader.views.problem import guarded
 
 EXAMPLES = """examples:
   fsdp-readings memory 03-unshard-reshard memory-over-the-step
@@ -35,10 +36,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     pool_options(parser)
 
 
+@guarded
 def run(args: argparse.Namespace, console: Console) -> int:
     reading = run_for_rank(args, console, "memory")
-    if isinstance(reading, int):
-        return reading
+    if reading is None:
+        return CLEAN
     guide, verdict, value = reading.guide, reading.verdict, reading.value
     series: Series | None = value.get("series") if isinstance(value, dict) else None
     if not series:

@@ -14,9 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from reader.claims.progress import Progress as Scores
-from reader.claims.progress import ProgressError
-from reader.claims.verdict import observed_run
+from reader.format.errors import CommandProblem
 from reader.format.guide import Guide
 from reader.format.predict import (
     NotObserved,
@@ -27,10 +25,11 @@ from reader.format.predict import (
     order_difference,
     parse_answer,
 )
-from reader.study.answers import Check, EndOfInput, interrupted, prompt, read_answers
-from reader.study.runner import FAILED, ClaimRunner, claim_runner, one_guide, pool_options
-from reader.study.session import BROKEN, CLEAN
+from reader.study.answers import Check, EndOfInput, prompt, read_answers, stopped
+from reader.study.runner import FAILED, ClaimRunner, claim_runner, one_guide, open_scores, pool_options
+from reader.study.session import CLEAN
 from reader.views.path import print_next
+from reader.views.problem import guarded
 
 EXAMPLES = """examples:
   fsdp-readings predict 04-forward-prefetch                 asks each question, then runs its claim
@@ -59,24 +58,15 @@ class Reveal:
     failure: str | None
 
 
+@guarded
 def run(args: argparse.Namespace, console: Console) -> int:
-    opened = one_guide(args, console)
-    if isinstance(opened, int):
-        return opened
-    session, guide = opened
+    session, guide = one_guide(args, console)
     questions = guide.regions_of(PredictQuestion)
     if not questions:
-        console.print(f"[red]{guide.id} has no predict questions[/]")
-        return BROKEN
+        raise CommandProblem(f"{guide.id} has no predict questions", "`fsdp-readings path` lists the guides")
     checks = {q.id: _checker(q) for q in questions}
-    answers = read_answers(args.answers, list(checks), "question", console, checks) if args.answers else None
-    if args.answers and answers is None:
-        return BROKEN
-    try:
-        scores = Scores()
-    except ProgressError as exc:
-        console.print(f"[red]{exc}[/]")
-        return BROKEN
+    answers = read_answers(args.answers, list(checks), "question", checks)
+    scores = open_scores()
     reveals: list[Reveal] = []
     ended: str | None = None
     try:
@@ -99,11 +89,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     console.print("[dim]first answers count; a retake after a reveal is practice[/]")
     console.print(Text(f"saved to {scores.path}", style="dim", overflow="fold"), soft_wrap=False)
     kept = f"{len(reveals)} of {len(questions)} questions answered; their scores are kept"
-    if ended == "interrupted":
-        return interrupted(console, kept)
     if ended is not None:
-        console.print(f"[red]{ended}[/]: {kept}")
-        return BROKEN
+        return stopped(console, ended, kept)
     print_next(console, args.readings, guide.id, session.guide_ids)
     return FAILED if any(r.failure for r in reveals) else CLEAN
 
@@ -138,7 +125,7 @@ def _reveal(question: PredictQuestion, given: str, runner: ClaimRunner | None, g
     if path is None:
         return Reveal(question, given, correct, f"claim {question.claim} passed", None)
     try:
-        seen = observed(observed_run(verdict), path)
+        seen = observed(verdict.measured, path)
     except NotObserved as exc:
         return Reveal(question, given, correct, f"nothing at {exc}", f"the run returned nothing at {exc}")
     # The run, not the guide, is the truth: score against what torch did when it disagrees with the guide.

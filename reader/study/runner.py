@@ -16,11 +16,13 @@ from typing import Any
 from rich.console import Console
 
 from checks.ranks.protocol import CheckRequest, CheckRun
-from reader.claims.pictures import Pictures, rank_zero
+from reader.claims.pictures import Pictures
 from reader.claims.progress import Progress, ProgressError
+from reader.claims.records import record_verdicts
 from reader.claims.verdict import ClaimVerdict, decide, gpu_skip
+from reader.format.errors import CommandProblem
 from reader.format.guide import ClaimSpec, Guide
-from reader.study.session import BROKEN, CLEAN, DRIFT, Session, display, open_session
+from reader.study.session import DRIFT, Session, display, open_session
 
 FAILED = DRIFT  # exit 1: a claim failed (README: 0 clean, 1 failed, 2 broken input)
 
@@ -117,13 +119,9 @@ def remember(runner: ClaimRunner, scores: Progress | None = None, console: Conso
         return
     torch = runner.session.workspace.torch_version
     drawn = Pictures()
-    views = {(g.id, c.id): c.views for g in runner.session.guides for c in g.claims}
-    recorded = False
-    for (guide_id, claim_id), verdict in runner.verdicts().items():
-        scores.record_claim(guide_id, claim_id, verdict.status.value, torch)
-        if verdict.status.value == "passed":
-            value = rank_zero(verdict)
-            recorded |= drawn.record(guide_id, claim_id, views.get((guide_id, claim_id), ()), value, torch)
+    guides = {g.id: g for g in runner.session.guides}
+    ran = [(gid, guides[gid].claim(cid), verdict) for (gid, cid), verdict in runner.verdicts().items()]
+    recorded = record_verdicts(ran, torch, scores, drawn)
     if owned and runner.verdicts():
         scores.save()
     if recorded:
@@ -136,12 +134,20 @@ def pool_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per claim before its ranks are stopped")
 
 
-def one_guide(args: argparse.Namespace, console: Console) -> tuple[Session, Guide] | int:
+def one_guide(args: argparse.Namespace, console: Console) -> tuple[Session, Guide]:
+    """The session of the one guide ``args.guide`` names, on the installed torch, and that guide."""
     args.guide_ids, args.torch_source = [args.guide], None
     session = open_session(args, console)
-    if isinstance(session, int):
-        return session
     return session, session.guides[0]
+
+
+def open_scores() -> Progress:
+    """The learner's progress file, where predict and exercise keep their scores; `CommandProblem` when it is
+    unreadable (nothing is overwritten)."""
+    try:
+        return Progress()
+    except ProgressError as exc:
+        raise CommandProblem(str(exc).split("; ")[0], "move it away to start afresh") from None
 
 
 @dataclass(frozen=True)
@@ -153,52 +159,49 @@ class RankReading:
     value: Any
 
 
-def refused_view(guide: Guide, claim_id: str, view: str, console: Console) -> int | None:
-    """BROKEN (with the claims of the guide whose runs it can draw) when ``claim_id`` does not declare ``view``:
-    said at once, before anything runs. None when it does."""
+def refuse_view(guide: Guide, claim_id: str, view: str) -> None:
+    """`CommandProblem` (with the claims of the guide whose runs it can draw) when ``claim_id`` does not declare
+    ``view``: said at once, before anything runs."""
     claim = guide.claim(claim_id)
     if view in claim.views or gpu_skip(claim) is not None:  # a GPU claim is skipped here, as pytest skips it
-        return None
+        return
     able = [c.id for c in guide.claims if view in c.views]
-    where = f"the claims of {guide.id} it can draw: {', '.join(able)}" if able else f"no claim of {guide.id} has one"
-    console.print(f"[red]{claim_id} has no {view} to draw[/] (its run records none); {where}", highlight=False)
-    return BROKEN
+    where = f"pick from the claims of {guide.id} it can draw: {', '.join(able)}" if able else (
+        f"no claim of {guide.id} has one: try another guide")  # fmt: skip
+    raise CommandProblem(f"{claim_id} has no {view} to draw (its run records none)", where)
 
 
-def run_for_rank(args: argparse.Namespace, console: Console, view: str) -> RankReading | int:
+def run_for_rank(args: argparse.Namespace, console: Console, view: str) -> RankReading | None:
     """Run ``args.claim`` of ``args.guide`` on the pool and take ``args.rank``'s return value (or, if it failed,
-    its `Violation`'s details); an exit code (with the reason printed) when the guide or claim is unknown, the claim
-    did not run, or there is no such rank."""
-    opened = one_guide(args, console)
-    if isinstance(opened, int):
-        return opened
-    session, guide = opened
-    if pick_claims(guide, [args.claim], console) is None:
-        return BROKEN
-    refused = refused_view(guide, args.claim, view, console)
-    if refused is not None:
-        return refused
+    its `Violation`'s details); None when the claim is skipped here, as pytest skips it (said here: nothing to
+    draw, nothing failed). `CommandProblem` when the guide, the claim or the rank is unknown (exit 2) or the claim
+    did not run (exit 1)."""
+    session, guide = one_guide(args, console)
+    pick_claims(guide, [args.claim])
+    refuse_view(guide, args.claim, view)
     with claim_runner(session, args) as runner, console.status(f"running claim {args.claim}…", spinner="dots"):
         verdict = runner.verdict(guide, guide.claim(args.claim))
     outcome = verdict.outcome
-    if verdict.skipped:  # as pytest skips it: nothing to draw, nothing failed
+    if verdict.skipped:
         console.print(f"[yellow]{args.claim} skipped[/]: {verdict.skipped}", highlight=False)
-        return CLEAN
+        return None
     if outcome is None or not outcome.results:
-        console.print(f"[red]{args.claim} did not run[/]\n{verdict.failure or ''}")
-        return FAILED
+        said = f"{args.claim} did not run\n{verdict.failure or ''}".rstrip()
+        raise CommandProblem(said, "fix what stopped it (above), then run the view again", code=FAILED)
     # A rank whose check found its claim false returns nothing; what it found is in its `Violation`'s details.
     by_rank = {r.rank: r.value if r.ok else (r.details or {}) for r in outcome.results}
     if args.rank not in by_rank:
-        console.print(f"[red]no rank {args.rank}[/] (ranks: {', '.join(map(str, sorted(by_rank)))})")
-        return BROKEN
+        ranks = ", ".join(map(str, sorted(by_rank)))
+        raise CommandProblem(f"no rank {args.rank} (ranks: {ranks})", f"give --rank one of {ranks}")
     return RankReading(guide, verdict, by_rank[args.rank])
 
 
-def pick_claims(guide: Guide, wanted: Sequence[str], console: Console) -> list[ClaimSpec] | None:
+def pick_claims(guide: Guide, wanted: Sequence[str]) -> list[ClaimSpec]:
+    """The claims of ``guide`` that ``wanted`` names (all when it names none); `CommandProblem` for one it has
+    not."""
     known = [c.id for c in guide.claims]
     unknown = [c for c in wanted if c not in known]
     if unknown:
-        console.print(f"[red]{guide.id} has no claim {', '.join(unknown)}[/] (claims: {', '.join(known)})")
-        return None
+        raise CommandProblem(f"{guide.id} has no claim {', '.join(unknown)}", f"name one of its claims: "
+                             f"{', '.join(known)}")  # fmt: skip
     return [c for c in guide.claims if not wanted or c.id in wanted]

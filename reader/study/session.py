@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
-from reader.format.errors import GuideError
+from reader.format.errors import CommandProblem, GuideError
 from reader.format.guide import Guide
 from reader.format.parse import find_readings, load_all
 from reader.gate.lock import LockError
@@ -18,7 +18,6 @@ from reader.gate.workspace import LOCK_NAME, Workspace
 from reader.source.checkref import CheckFinder
 from reader.source.files import relative_to_cwd
 from reader.source.torch_source import SourceError, open_source
-from reader.views.fit import indented
 
 CLEAN, FAILED, BROKEN, REREAD = (o.code for o in (Outcome.CLEAN, Outcome.BEHAVIOUR, Outcome.BROKEN, Outcome.REREAD))
 DRIFT = FAILED  # exit 1 under its old name, which the study commands still import: a claim failed, not drift
@@ -47,49 +46,37 @@ def guide_named(given: str, ids: list[str]) -> str | list[str]:
     return matches or difflib.get_close_matches(given, ids, n=3, cutoff=0.5)
 
 
-def open_session(args: argparse.Namespace, console: Console) -> Session | int:
+def open_session(args: argparse.Namespace, console: Console) -> Session:
+    """The guides ``args`` names (all, by default) and the torch source to read them against; `CommandProblem`
+    when the readings, a named guide, the torch source or the lock cannot be read. The problems of guides that do
+    not parse are printed (the others still open)."""
     readings = find_readings(args.readings)
     if readings is None or not readings.is_dir():
         where = f"at {readings}" if readings is not None else "here (./readings) or beside this install"
-        console.print(
-            f"[red]no readings directory {where}[/]: pass --readings DIR, the readings/ folder of a checkout of "
-            "fsdp-readings (a wheel install ships no guides)"
+        raise CommandProblem(
+            f"no readings directory {where}",
+            "pass --readings DIR, the readings/ folder of a checkout of fsdp-readings (a wheel install ships no "
+            "guides)",
         )
-        return BROKEN
     args.readings = readings
     guides, broken = load_all([readings], CheckFinder(extra_paths=[readings.resolve().parent]))
     ids = [g.id for g in guides]
     path_ids = None if broken else ids
     if args.guide_ids:
-        resolved = [(given, guide_named(given, ids)) for given in args.guide_ids]
-        unknown = [(given, found) for given, found in resolved if not isinstance(found, str)]
-        asked_broken = _broken_named([given for given, _ in unknown], broken)
-        if asked_broken:  # the guide exists but does not parse: its problems, not "unknown guide id"
-            for error in asked_broken:
-                console.print(error.render(relative_to_cwd(error.problems[0].path)), style="red", markup=False)
-            console.print("fix the guide's problems above, then run the command again", markup=False)
-            return BROKEN
-        if unknown:
-            for given, close in unknown:
-                hint = f" (did you mean {', '.join(close)}?)" if close else ""
-                console.print(f"[red]unknown guide id: {given}[/]{hint}", highlight=False)
-            console.print(indented(f"guides: {', '.join(sorted(ids)) or 'none'}", console.width, indent=""))
-            return BROKEN
-        wanted = {found for _, found in resolved}
+        wanted = _named_guides(args.guide_ids, ids, broken)
         args.guide_ids = [g for g in ids if g in wanted]
         guides = [g for g in guides if g.id in wanted]
         broken = []  # problems of guides not asked for are not this command's business
     try:
         source = open_source(args.torch_source)
     except SourceError as exc:
-        console.print(f"[red]{exc}[/]")
-        return BROKEN
+        raise CommandProblem(str(exc), "name a torch wheel, site-packages dir or checkout, or install torch") from None
     workspace = Workspace(source, readings / LOCK_NAME)
     try:
         workspace.lock  # noqa: B018 - validate the lock up front: a malformed lock is broken input
     except LockError as exc:
-        console.print(f"[red]{exc}[/]\n    fix: restore it from version control, or re-approve")
-        return BROKEN
+        source.close()
+        raise CommandProblem(str(exc), "restore it from version control, or re-approve") from None
     report = SessionReport(
         source.version, source.git_version, f"{source.kind} at {source.location}", str(workspace.lock_path)
     )
@@ -98,6 +85,22 @@ def open_session(args: argparse.Namespace, console: Console) -> Session | int:
         # The problems quote the guide (TOML, `[[claims]]`): printed as text, never read as markup.
         console.print(error.render(), style="red", highlight=False, markup=False)
     return Session(workspace, guides, broken, report, path_ids)
+
+
+def _named_guides(given: list[str], ids: list[str], broken: list[GuideError]) -> set[str]:
+    """The guide ids ``given`` names, or `CommandProblem`: a named guide that does not parse (with its
+    problems), or a name that is no guide's (with the close ones, and the guides to choose from)."""
+    resolved = [(name, guide_named(name, ids)) for name in given]
+    unknown = [(name, found) for name, found in resolved if not isinstance(found, str)]
+    asked_broken = _broken_named([name for name, _ in unknown], broken)
+    if asked_broken:  # the guide exists but does not parse: its problems, not "unknown guide id"
+        problems = "\n".join(error.render(relative_to_cwd(error.problems[0].path)) for error in asked_broken)
+        raise CommandProblem(problems, "fix the guide's problems above, then run the command again")
+    if unknown:
+        said = [f"unknown guide id: {name}" + (f" (did you mean {', '.join(close)}?)" if close else "")
+                for name, close in unknown]  # fmt: skip
+        raise CommandProblem("\n".join(said), f"name one of the guides: {', '.join(sorted(ids)) or 'none'}")
+    return {found for _, found in resolved if isinstance(found, str)}
 
 
 def _broken_named(given: list[str], broken: list[GuideError]) -> list[GuideError]:

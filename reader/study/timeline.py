@@ -21,10 +21,12 @@ from rich.text import Text
 
 from checks.ranks.protocol import CheckRequest, CheckRun
 from reader.claims.verdict import ClaimVerdict
+from reader.format.errors import CommandProblem
 from reader.format.guide import ClaimSpec, Guide
-from reader.study.runner import ClaimRunner, refused_view, remember
-from reader.study.session import BROKEN, CLEAN, DRIFT, Session, open_session
+from reader.study.runner import ClaimRunner, pick_claims, refuse_view, remember
+from reader.study.session import CLEAN, DRIFT, Session, open_session
 from reader.views.lanes import Row, Span, iterations, rows
+from reader.views.problem import guarded
 from reader.views.timeline import header, rank_view
 
 FAILED = DRIFT  # exit 1: the claim failed, or its check recorded nothing to draw
@@ -83,11 +85,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds before the claim's ranks are stopped")
 
 
+@guarded
 def run(args: argparse.Namespace, console: Console) -> int:
     args.guide_ids, args.torch_source = [args.guide], None
     session = open_session(args, console)  # an unknown guide is reported there, with the known ones
-    if isinstance(session, int):
-        return session
     try:
         return _run(args, console, session, session.guides[0])
     finally:
@@ -96,20 +97,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
 def _run(args: argparse.Namespace, console: Console, session: Session, guide: Guide) -> int:
     known = [c.id for c in guide.claims]
-    if args.claim not in known:
-        console.print(f"[red]{guide.id} has no claim {args.claim}[/] (claims: {', '.join(known)})")
-        return BROKEN
-    claim = guide.claim(args.claim)
+    (claim,) = pick_claims(guide, [args.claim])
     for wanted in [args.claim, *(c for c in args.compare if "=" not in c and c in known)]:
-        refused = refused_view(guide, wanted, "timeline", console)
-        if refused is not None:
-            return refused
+        refuse_view(guide, wanted, "timeline")
     if not args.all_ranks and not 0 <= args.rank < claim.world_size:
-        console.print(f"[red]no rank {args.rank}[/]: {claim.id} runs on ranks 0-{claim.world_size - 1}")
-        return BROKEN
-    variants = compared(guide, claim, args.compare, console)
-    if variants is None:
-        return BROKEN
+        raise CommandProblem(f"no rank {args.rank}: {claim.id} runs on ranks 0-{claim.world_size - 1}",
+                             f"give --rank one of 0-{claim.world_size - 1}, or --all-ranks")  # fmt: skip
+    variants = compared(guide, claim, args.compare)
     drawn: list[tuple[str, dict[int, list[Row]], Any]] = []
     failures: list[tuple[str, str | None]] = []
     backend = "unknown backend"
@@ -135,10 +129,7 @@ def _run(args: argparse.Namespace, console: Console, session: Session, guide: Gu
         drawn.append((title, timelines, verdict.outcome))
         failures.append((variant.id, verdict.failure))
     shown = sorted(drawn[0][1]) if args.all_ranks else [args.rank]
-    problem = _missing(args, shown, [timelines for _, timelines, _ in drawn])
-    if problem is not None:
-        console.print(problem, soft_wrap=False)
-        return BROKEN
+    refuse_missing(args, shown, [timelines for _, timelines, _ in drawn])
     torch = session.workspace.torch_version or "unknown version"
     view = header(
         guide.id, claim.id, world_size=claim.world_size, ranks=shown, iteration=args.iteration, backend=backend,
@@ -175,25 +166,22 @@ def side_by_side(views: list[tuple[str, RenderableType]], width: int) -> Rendera
     return Group(*titled)
 
 
-def compared(
-    guide: Guide, claim: ClaimSpec, wanted: list[str], console: Console
-) -> list[tuple[str, ClaimSpec, dict[str, Any] | None]] | None:
+def compared(guide: Guide, claim: ClaimSpec, wanted: list[str]) -> list[tuple[str, ClaimSpec, dict[str, Any] | None]]:
     """The runs to draw: the claim itself, then each ``--compare`` (another claim of the guide, or this claim with
-    ``KEY`` set to each value: values read as TOML, else as strings)."""
+    ``KEY`` set to each value: values read as TOML, else as strings); `CommandProblem` for a ``--compare`` that
+    names neither."""
     runs: list[tuple[str, ClaimSpec, dict[str, Any] | None]] = [(claim.id, claim, None)]
     for item in wanted:
         key, eq, values = item.partition("=")
         if not eq:
             if item not in {c.id for c in guide.claims}:
-                console.print(f"[red]--compare {item}[/]: {guide.id} has no such claim (claims: "
-                              f"{', '.join(c.id for c in guide.claims)})")  # fmt: skip
-                return None
+                raise CommandProblem(f"--compare {item}: {guide.id} has no such claim",
+                                     f"name one of its claims: {', '.join(c.id for c in guide.claims)}")  # fmt: skip
             runs.append((item, guide.claim(item), None))
             continue
         if key not in claim.kwargs and not _accepts(claim, key):
-            console.print(f"[red]--compare {item}[/]: {claim.id} takes no kwarg `{key}` (its kwargs: "
-                          f"{', '.join(claim.kwargs) or 'none'})")  # fmt: skip
-            return None
+            raise CommandProblem(f"--compare {item}: {claim.id} takes no kwarg `{key}`",
+                                 f"set one of its kwargs: {', '.join(claim.kwargs) or 'none'}")  # fmt: skip
         if claim.id == runs[0][1].id and len(runs) == 1:
             runs[0] = (f"{claim.id} ({key}={_shown(claim.kwargs.get(key))})", claim, None)
         for value in values.split(","):
@@ -230,13 +218,15 @@ def _wanted(args: argparse.Namespace, row: Row) -> bool:
     )
 
 
-def _missing(args: argparse.Namespace, ranks: list[int], drawn: list[dict[int, list[Row]]]) -> Text | None:
-    """What ``--recording`` / ``--iteration`` asked for that no run recorded, with what there is instead."""
+def refuse_missing(args: argparse.Namespace, ranks: list[int], drawn: list[dict[int, list[Row]]]) -> None:
+    """`CommandProblem` for what ``--recording`` / ``--iteration`` asked for that no run recorded, with what
+    there is instead."""
     for timelines in drawn:
         present = [r for rank in ranks for r in timelines.get(rank, [])]
         recordings = sorted({r.recording for r in present})
         if args.recording is not None and args.recording not in recordings:
-            return Text(f"recording {args.recording} was not made (recordings: {_listed(recordings)})", style="red")
+            raise CommandProblem(f"recording {args.recording} was not made (recordings: {_listed(recordings)})",
+                                 "give --recording one that was made, or leave it out")  # fmt: skip
         kept = [r for r in present if args.recording is None or r.recording == args.recording]
         if args.iteration is not None and args.iteration not in iterations(kept):
             by_recording = {n: sorted({r.iteration for r in kept if r.recording == n}) for n in recordings}
@@ -244,8 +234,8 @@ def _missing(args: argparse.Namespace, ranks: list[int], drawn: list[dict[int, l
             hint = (
                 " Iterations are counted within each recording: --recording N draws one." if len(recordings) > 1 else ""
             )
-            return Text(f"iteration {args.iteration} was not recorded ({each or 'none'}).{hint}", style="red")
-    return None
+            raise CommandProblem(f"iteration {args.iteration} was not recorded ({each or 'none'}).{hint}",
+                                 "give --iteration one that was recorded, or leave it out")  # fmt: skip
 
 
 def _listed(numbers: list[int]) -> str:

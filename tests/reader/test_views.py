@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from checks.ranks.protocol import CheckRequest, CheckRun, RankResult
-from reader.claims.verdict import VIEWS_DIFFER, Status, failure_summary, judge, supported_views
+from reader.claims.status import Status
+from reader.claims.verdict import VIEWS_DIFFER, judge, supported_views
 from reader.format.errors import GuideError
 from reader.format.guide import ClaimSpec
 from reader.format.parse import parse_guide
@@ -61,7 +62,7 @@ def test_a_claim_whose_views_are_not_its_runs_fails_and_says_what_to_write(tmp_p
     parsed, declares_none = _claim("", tmp_path)
     drawn = _run({"order": [1]}, frozenset({"events"}))
     verdict = judge(drawn, "g.md:9", parsed, declares_none, _resolved(parsed))
-    assert verdict.status is Status.FAILED and failure_summary(verdict)[0] == VIEWS_DIFFER
+    assert verdict.status is Status.FAILED and verdict.reason == VIEWS_DIFFER
     assert 'fix: write `views = ["timeline"]`' in (verdict.failure or "")
     _, declares_memory = _claim('views = ["timeline", "memory"]', tmp_path)
     verdict = judge(drawn, "g.md:9", parsed, declares_memory, _resolved(parsed))

@@ -9,9 +9,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from checks.models.flat_param_diagram import diagram_lines
-from reader.claims.pictures import Pictures, rank_zero
+from reader.claims.pictures import Pictures
+from reader.claims.progress import Progress
+from reader.claims.records import record_verdicts
+from reader.claims.status import Status
+from reader.claims.verdict import ClaimVerdict
 from tests.site.conftest import installed_torch
 from tests.site.site_support import READINGS, ROOT, build, parse
 
@@ -49,15 +54,14 @@ def test_a_passing_run_records_its_pictures_and_the_page_draws_them(tmp_path: Pa
 
 
 def test_a_failed_or_undeclared_run_records_no_picture(tmp_path: Path) -> None:
-    class Run:
-        def __init__(self, value: object, ok: bool = True) -> None:
-            self.results = [type("R", (), {"rank": 0, "ok": ok, "value": value})()]
-
-    class Verdict:
-        def __init__(self, value: object, failure: str | None = None) -> None:
-            self.outcome, self.failure = Run(value), failure
-
-    assert rank_zero(Verdict({"series": {"a": []}}, failure="it broke")) is None
+    claim = SimpleNamespace(id="c", views=("memory",))  # what recording reads of a claim
+    drawn = {"series": {"a": [("m", {"params": 1})]}}
+    broke = ClaimVerdict(Status.FAILED, None, "it broke", "some-reason", "it broke", measured=drawn)
+    scores, kept = Progress(tmp_path / "progress.json"), Pictures(tmp_path / "kept.json")
+    assert not record_verdicts([("g", claim, broke)], "2.13.0", scores, kept)  # type: ignore[list-item]
+    assert kept.of("g", "c", "2.13.0") == {} and scores.claims("g") == {"c": "failed"}
+    held = ClaimVerdict(Status.PASSED, None, measured=drawn)
+    assert record_verdicts([("g", claim, held)], "2.13.0", scores, kept)  # type: ignore[list-item]
     pictures = Pictures(tmp_path / "pictures.json")
     assert not pictures.record("g", "c", ("timeline",), {"series": {"a": [("m", {"params": 1})]}}, "2.13.0")
     assert not pictures.record("g", "c", ("memory",), {"layout": {"x": 1}}, "2.13.0")  # it declares memory only
