@@ -19,7 +19,8 @@ FSDP1's runtime:
 
 Strategies side by side: `g13_zero_stages`, `g14_ring_all_reduce`, `g15_communication_volume`.
 
-FSDP2: `g16_fsdp2_per_parameter_sharding`, `g17_fsdp2_prefetch`, `g18_fsdp2_reshard_and_gradients` (packages).
+FSDP2: `g22_fsdp2_step_map`, `g16_fsdp2_per_parameter_sharding`, `g17_fsdp2_prefetch`,
+`g18_fsdp2_reshard_and_gradients` (packages).
 
 Around FSDP: `g19_ddp_buckets`, `g20_auto_wrap`, `g21_strategy_table` (packages).
 

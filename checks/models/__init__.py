@@ -15,6 +15,7 @@ Order and timing:
 - `prefetch`: which unit FSDP1 unshards ahead of time, forward (the recorded order) and backward (the reverse
   post-forward order), and the event sequence of one step around it.
 - `autograd_order`: in which order autograd reaches FSDP1's backward hooks when forward prefetch runs (guide 04).
+- `fsdp2_step_map`: which hooks one FSDP2 step runs and which FSDP calls each makes (guide 22).
 - `fsdp2_prefetch`: which FSDP2 group unshards ahead of time (guide 17).
 - `fsdp2_reshard`: where FSDP2 reshards each unit after forward, and the all-gathers and bytes that costs.
 - `rate_limiter`: the all-gather rate limiter's queue of free events.

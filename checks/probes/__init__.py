@@ -22,6 +22,8 @@ FSDP's own steps:
   callback; `fsdp_hooks` says which functions it watches and how a frame becomes an event; `recording` is what
   those hooks write into; `event_log` holds the records it returns.
 - `timeline`: one FSDP1 step written as the guides write it (``<phase> <unit> <action>``).
+- `call_tree`: ``record_call_tree``, which of some chosen torch functions ran, nested as they called each other
+  (FSDP2's step map, guide 22).
 - `compute_marks`: when each FSDP1 unit's backward computation starts (a hook on its output tensors).
 - `grad_ready`: when each parameter's gradient is ready (DDP's buckets, guide 19).
 - `stages`: what a pipeline stage computes, in order (guide 21).

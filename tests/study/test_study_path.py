@@ -5,6 +5,7 @@ why, a check table with sentences and what was measured, and a timeline with wha
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -19,16 +20,14 @@ def test_no_command_shows_where_to_start_and_the_tracks_in_order() -> None:
     console = app.make_console(record=True, width=80, color_system=None, force_terminal=False)
     assert app.main(["--readings", str(READINGS)], console) == 0
     out = console.export_text()
-    assert "Start here: fsdp-readings show 01-step-map" in out
+    # The start and the tracks are path.toml's, read here as its file says (nothing else names the start).
+    written = tomllib.loads((READINGS / "path.toml").read_text(encoding="utf-8"))
+    assert written["start"] == "22-fsdp2-step-map" == written["tracks"][0]["guides"][0]  # the path starts at FSDP2
+    assert f"Start here: fsdp-readings show {written['start']}" in out
     tracks = [line for line in out.splitlines() if re.match(r"^\d\. ", line)]
-    assert tracks == [
-        "1. The FSDP1 step",
-        "2. Around the step",
-        "3. Memory and communication",
-        "4. FSDP2",
-        "5. Writing a guide",
-    ]
-    step = out.index("1. The FSDP1 step")
+    assert tracks == [f"{n}. {track['name']}" for n, track in enumerate(written["tracks"], start=1)]
+    assert tracks[:2] == ["1. FSDP2", "2. The FSDP1 step"]
+    step = out.index("2. The FSDP1 step")
     assert out.index("01-step-map", step) < out.index("03-unshard-reshard", step) < out.index("11-final", step)
     fits(out, 80)
 

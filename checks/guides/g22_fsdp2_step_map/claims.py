@@ -1,0 +1,127 @@
+"""Guide 22's claims: FSDP2's step map, its first step, the hooks it puts on tensors, and one schedule on every
+rank. Each expected value is the guide's expect block and the rule model's rows (`steps.expected_rows`); the
+observed rows are the call recorder's (`calls.rows`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from checks.expected import Expected
+from checks.guides.g22_fsdp2_step_map import calls, steps
+from checks.naming import unit_name
+from checks.ranks.context import RankContext
+from checks.violation import require, require_equal
+from checks.workloads.gpt import batch, fsdp2_gpt
+
+
+def one_step(ctx: RankContext, expected: Expected) -> dict[str, Any]:
+    """The second step (the first is lazy initialisation's, `first_step`) is the guide's rows and the model's.
+    Returns the rows and what they count."""
+    trees = steps.recorded_steps(ctx, drawn=2)
+    observed = calls.rows(trees[1])
+    expected.require_rows(observed, reason="step-differs", what=f"rank {ctx.rank}'s step map")
+    require_equal(observed, steps.expected_rows(), reason="model-differs", what="the step map against the rule model")
+    callback = [call for call in trees[1] if call.name == "FSDPState._root_post_backward_final_callback"]
+    in_callback = [
+        c.seen.get("unit") for root in callback for c in root.walk() if c.name == "FSDPParamGroup.post_backward"
+    ]
+    return {
+        "rows": observed,
+        **steps.counts(observed),
+        "root_pre_backwards": sum(1 for row in observed if row.split()[:3] == ["backward", "root", "pre-backward:"]),
+        "post_backward_in_final_callback": ", ".join(in_callback) or "none",
+    }
+
+
+def first_step(ctx: RankContext, expected: Expected) -> dict[str, Any]:
+    """The first step is the second but for the root's pre-forward, whose ``_lazy_init`` does its work there and
+    only there; every unit's pre-forward still calls ``_lazy_init`` on every step."""
+    first, second = steps.recorded_steps(ctx)
+    rows = [calls.rows(first), calls.rows(second)]
+    differing = [n for n, (a, b) in enumerate(zip(*rows, strict=False)) if a != b]
+    require(
+        len(rows[0]) == len(rows[1]) and differing == [0], "first-step-differs",
+        f"the first step differs from the second at rows {differing} (only the root's pre-forward may)",
+        differing=differing, first=rows[0], second=rows[1],
+    )  # fmt: skip
+    expected.require_rows(rows[0][:1], reason="lazy-init-differs", what="the first step's root pre-forward")
+    require_equal(rows[0][0], steps.expected_rows(first=True)[0], reason="model-differs", what="the first pre-forward")
+    ran = [calls.by_name(tree) for tree in (first, second)]
+    lazy = [r.get("FSDPState._lazy_init", 0) for r in ran]
+    init = [r.get("FSDPState._init_shared_state", 0) for r in ran]
+    units = 1 + len(steps.BLOCKS)
+    require(lazy == [units, units], "lazy-init-calls", f"_lazy_init ran {lazy} times in steps 1 and 2, not once per "
+            f"unit's pre-forward ({units}) in each", calls=lazy)  # fmt: skip
+    require(init == [1, 0], "init-not-once", f"_init_shared_state ran {init} times in steps 1 and 2", calls=init)
+    return {"first_pre_forward": rows[0][0], "lazy_init_calls_step_2": lazy[1], "init_shared_state_calls": init}
+
+
+def hooks_on_tensors(ctx: RankContext, expected: Expected) -> dict[str, Any]:
+    """After forward, each output that needs a gradient carries its unit's ``_pre_backward`` as a tensor hook, and
+    the graph holds one post-backward Function per unit whose inputs need a gradient, and no pre-backward
+    Function."""
+    model = fsdp2_gpt(ctx, None)
+    names = {id(m): unit_name(path) for path, m in model.named_modules()}
+    outputs: dict[str, torch.Tensor] = {}
+
+    def keep(name: str) -> Any:
+        def hook(module: nn.Module, args: Any, output: torch.Tensor) -> None:
+            outputs[f"{name} output"] = output
+
+        return hook
+
+    handles = [block.register_forward_hook(keep(f"blocks.{n}")) for n, block in enumerate(model.blocks)]
+    x, y = batch(ctx)
+    logits, loss = model(x, y)
+    for handle in handles:
+        handle.remove()
+    observed = {"logits": _hook_owners(logits, names), "loss": _hook_owners(loss, names)}
+    observed |= {name: _hook_owners(tensor, names) for name, tensor in outputs.items()}
+    observed["post-backward Function"] = ", ".join(_function_units(loss, "RegisterPostBackwardFunction", names))
+    observed["pre-backward Function"] = ", ".join(_function_units(loss, "RegisterPreBackwardFunction", names)) or "none"
+    loss.backward()
+    expected.require_values(observed, reason="hooks-differ", what="the hooks on the step's tensors")
+    return observed
+
+
+def _hook_owners(tensor: torch.Tensor, names: dict[int, str]) -> str:
+    """Whose ``FSDPState._pre_backward`` the tensor's hooks are ("none" when it has no such hook)."""
+    owners = []
+    for hook in (tensor._backward_hooks or {}).values():
+        owner = getattr(hook, "__self__", None)
+        if getattr(hook, "__name__", "") == "_pre_backward" and owner is not None:
+            owners.append(names.get(id(owner._modules[0]), "?"))
+    return ", ".join(owners) or "none"
+
+
+def _function_units(loss: torch.Tensor, function: str, names: dict[int, str]) -> list[str]:
+    """The units whose ``function`` (an autograd Function of FSDP2's) has a node in ``loss``'s graph, in module
+    order."""
+    found, seen, stack = set(), set(), [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if type(node).__name__ == f"{function}Backward":
+            group = getattr(node, "param_group", None) or getattr(node, "state", None)
+            modules = getattr(group, "modules", None) or getattr(group, "_modules", None) or ()
+            found.add(names.get(id(modules[0]), "?") if modules else "?")
+        stack += [next_node for next_node, _ in node.next_functions]
+    order = list(names.values())
+    return sorted(found, key=lambda unit: order.index(unit) if unit in order else len(order))
+
+
+def same_on_every_rank(ctx: RankContext) -> int:
+    """Every rank's step map is one map, though each rank's batch rows differ."""
+    trees = steps.recorded_steps(ctx)
+    observed = calls.rows(trees[1])
+    require(len(observed) > 0, "nothing-recorded", "no hook was recorded")
+    ctx.assert_same_on_all_ranks(observed, "the step map")
+    rows = ctx.gather(hash(tuple(batch(ctx, step=2)[0].flatten().tolist())))
+    repeats = [rank for rank, seen in enumerate(rows) if seen in rows[:rank]]
+    require(not repeats, "same-data-on-ranks", f"ranks {repeats} stepped on a lower rank's rows", repeats=repeats)
+    return len(observed)

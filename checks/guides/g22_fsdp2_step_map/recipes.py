@@ -1,0 +1,46 @@
+"""Guide 22's break-it recipes: FSDP2's step bent on purpose (`tests/break_it/test_22_fsdp2_step_map.py` applies
+them, with the generic patches of `checks.breakit.patches`): lazy init run again every step, the pre-backward
+hook turned into an autograd Function, and a root that hooks one output fewer on one rank."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def lazy_init_every_step(original: Any, self: Any) -> None:
+    """``FSDPState._lazy_init`` that forgets the root at the start of every step, so its body runs each time: every
+    state is made unchosen again, as before the first forward."""
+    ctx = self._state_ctx
+    if self._is_root and ctx.iter_forward_root is None:
+        for state in ctx.all_states:
+            state._is_root = None
+        ctx.all_states.clear()
+    original(self)
+
+
+def pre_backward_as_function(original: Any) -> Any:
+    """``FSDPState._register_pre_backward_hook`` as a `RegisterPreBackwardFunction` applied to every output that
+    needs a gradient, and no tensor hook: the backward still runs ``_pre_backward``, from a graph node."""
+    import torch
+    from torch.distributed.fsdp._fully_shard._fsdp_state import RegisterPreBackwardFunction
+    from torch.distributed.utils import _apply_to_tensors
+
+    def register(self: Any, output: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return output
+        return _apply_to_tensors(lambda t: RegisterPreBackwardFunction.apply(self, t) if t.requires_grad else t,
+                                 output)  # fmt: skip
+
+    return register
+
+
+def root_hooks_only_its_loss_on_rank_1(original: Any, self: Any, output: Any) -> Any:
+    """``FSDPState._register_pre_backward_hook`` that, on rank 1, hooks only the root's loss (not its logits): the
+    same collectives in the same order (a change to those would hang the ranks, not fail the check), one root
+    pre-backward fewer in rank 1's map."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1 and self._state_ctx.iter_forward_root is self and isinstance(output, tuple):
+        original(self, output[1])
+        return output
+    return original(self, output)
