@@ -4,6 +4,7 @@ import pytest
 
 from checks.breakit.patches import replacing, returning, skipping, wrapping
 from checks.guides.g22_fsdp2_step_map.recipes import (
+    forward_method_unwrapped,
     lazy_init_every_step,
     pre_backward_as_function,
     root_hooks_only_its_loss_on_rank_1,
@@ -12,6 +13,7 @@ from tests.break_it.conftest import named_rows
 
 S = "torch.distributed.fsdp._fully_shard._fsdp_state:FSDPState"
 PG = "torch.distributed.fsdp._fully_shard._fsdp_param_group:FSDPParamGroup"
+F = "torch.distributed.fsdp._fully_shard._fully_shard"
 ROOT_PRE_BACKWARD = (
     "backward  root      pre-backward: queue final callback, pre_backward, _backward_prefetch, "
     "_prefetch_unshard blocks.2, unshard blocks.2 (all-gather)"
@@ -72,3 +74,13 @@ def test_a_rank_whose_root_hooks_one_output_fewer_is_caught_on_4_ranks(broken) -
     run = broken(wrapping(f"{S}._register_pre_backward_hook", root_hooks_only_its_loss_on_rank_1))
     assert run.reason == "differs-between-ranks"
     assert run.details["differing"] == [1]
+
+
+@pytest.mark.breaks("22-fsdp2-step-map", "forward-method")
+def test_a_registration_that_wraps_nothing_is_caught(broken) -> None:
+    run = broken(wrapping(f"{F}:register_fsdp_forward_method", forward_method_unwrapped))
+    assert run.reason == "forward-method-differs"
+    # The registered head fails as the unregistered one did; the rows after it (the weight, generate) are as
+    # the guide says, since nothing ran.
+    assert [key for _, key in named_rows(run)] == ["head, registered", "the head's weight after it",
+                                                    "generate, not registered"]  # fmt: skip

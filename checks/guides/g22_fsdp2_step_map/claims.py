@@ -12,6 +12,7 @@ from torch import nn
 from checks.expected import Expected
 from checks.guides.g22_fsdp2_step_map import calls, steps
 from checks.naming import unit_name
+from checks.probes.call_tree import record_call_tree
 from checks.ranks.context import RankContext
 from checks.violation import require, require_equal
 from checks.workloads.gpt import batch, fsdp2_gpt
@@ -125,3 +126,46 @@ def same_on_every_rank(ctx: RankContext) -> int:
     repeats = [rank for rank, seen in enumerate(rows) if seen in rows[:rank]]
     require(not repeats, "same-data-on-ranks", f"ranks {repeats} stepped on a lower rank's rows", repeats=repeats)
     return len(observed)
+
+
+def forward_method(ctx: RankContext, expected: Expected) -> dict[str, Any]:
+    """A method other than ``forward`` runs FSDP's hooks only if it calls ``forward`` (``generate`` does) or is
+    registered with ``register_fsdp_forward_method``; unregistered, one that reads the root's parameters itself
+    meets them sharded after a training step, and fails."""
+    import types
+
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    model = fsdp2_gpt(ctx, None)
+    x, y = batch(ctx)
+    model(x, y)[1].backward()  # a training step: backward leaves every group resharded
+
+    def head(self: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.ln_f(hidden))
+
+    model.head = types.MethodType(head, model)
+    hidden = torch.zeros(1, 2, model.config.n_embd)
+    observed: dict[str, str] = {"the head's weight after a step": type(model.lm_head.weight).__name__}
+    look = calls.looker(model)
+    observed["head, not registered"] = _ran(lambda: model.head(hidden), look)
+    register_fsdp_forward_method(model, "head")
+    observed["head, registered"] = _ran(lambda: model.head(hidden), look)
+    observed["the head's weight after it"] = type(model.lm_head.weight).__name__
+    observed["generate, not registered"] = _ran(lambda: model.generate(x[:1, :4], 1), look)
+    expected.require_values(observed, reason="forward-method-differs", what="methods other than forward")
+    return observed
+
+
+def _ran(call: Any, look: Any) -> str:
+    """What ``call`` did under ``torch.no_grad()``: the hooks that ran and the all-gathers they issued
+    (``root pre-forward, root post-forward; 1 all-gather``), or the error it raised."""
+    try:
+        with torch.no_grad(), record_call_tree(calls.SYMBOLS, look, optional=calls.OPTIONAL) as ran:
+            call()
+    except RuntimeError as exc:
+        return "RuntimeError, mixed Tensor and DTensor" if "mixed torch.Tensor and DTensor" in str(exc) else (
+            f"RuntimeError: {str(exc)[:200]}")  # fmt: skip
+    rows = calls.rows(ran)
+    gathers = sum(row.count("(all-gather)") for row in rows)
+    hooks = ", ".join(" ".join(row.split()[1:3]).rstrip(":") for row in rows) or "none"
+    return f"{hooks}; {gathers} all-gather{'s' if gathers != 1 else ''}"

@@ -44,3 +44,9 @@ def root_hooks_only_its_loss_on_rank_1(original: Any, self: Any, output: Any) ->
         original(self, output[1])
         return output
     return original(self, output)
+
+
+def forward_method_unwrapped(original: Any, module: Any, method_name: str) -> None:
+    """``register_fsdp_forward_method`` that checks its arguments and wraps nothing: the method runs no hook."""
+    if not hasattr(module, method_name):
+        raise ValueError(f"{type(module)} does not have a method {method_name}")
