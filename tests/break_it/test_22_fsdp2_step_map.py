@@ -7,6 +7,7 @@ from checks.guides.g22_fsdp2_step_map.recipes import (
     forward_method_unwrapped,
     lazy_init_every_step,
     pre_backward_as_function,
+    reshard_recursively,
     root_hooks_only_its_loss_on_rank_1,
 )
 from tests.break_it.conftest import named_rows
@@ -84,3 +85,23 @@ def test_a_registration_that_wraps_nothing_is_caught(broken) -> None:
     # the guide says, since nothing ran.
     assert [key for _, key in named_rows(run)] == ["head, registered", "the head's weight after it",
                                                     "generate, not registered"]  # fmt: skip
+
+
+@pytest.mark.breaks("22-fsdp2-step-map", "explicit-unshard")
+def test_a_recursive_reshard_is_caught(broken) -> None:
+    run = broken(wrapping(f"{F}:FSDPModule.reshard", reshard_recursively))
+    assert run.reason == "explicit-unshard-differs"
+    assert named_rows(run) == [("explicit-unshard", "unsharded after model.reshard()")]
+    assert run.details["observed"]["unsharded after model.reshard()"] == "none"
+
+
+@pytest.mark.breaks("22-fsdp2-step-map", "explicit-unshard")
+def test_a_handle_that_does_not_wait_is_caught(broken) -> None:
+    # The copy-out is left to the next pre-forward: the weight stays a DTensor after wait(), and that
+    # pre-forward waits.
+    run = broken(skipping(f"{F}:_UnshardHandleImpl.wait"))
+    assert run.reason == "explicit-unshard-differs"
+    assert [key for _, key in named_rows(run)][:2] == [
+        "blocks.0 weight after wait",
+        "blocks.0 pre-forward after a wait",
+    ]

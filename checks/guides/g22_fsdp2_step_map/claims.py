@@ -169,3 +169,53 @@ def _ran(call: Any, look: Any) -> str:
     gathers = sum(row.count("(all-gather)") for row in rows)
     hooks = ", ".join(" ".join(row.split()[1:3]).rstrip(":") for row in rows) or "none"
     return f"{hooks}; {gathers} all-gather{'s' if gathers != 1 else ''}"
+
+
+def explicit_unshard(ctx: RankContext, expected: Expected) -> dict[str, Any]:
+    """``unshard(async_op=True)`` all-gathers at once and returns a handle; the copy-out waits for ``wait()`` or,
+    without one, for the unit's next pre-forward; ``reshard()`` reshards the module's own groups, not its
+    children's."""
+    from torch.distributed.fsdp import UnshardHandle
+
+    model = fsdp2_gpt(ctx, None)
+    x, y = batch(ctx)
+    model(x, y)[1].backward()  # a training step: every group resharded
+    look, block = calls.looker(model), model.blocks[0]
+    observed: dict[str, str] = {}
+    with record_call_tree(calls.SYMBOLS, look, optional=calls.OPTIONAL) as ran:
+        handle = block.unshard(async_op=True)
+    observed["unshard(async_op=True) returns"] = "UnshardHandle" if isinstance(handle, UnshardHandle) else (
+        type(handle).__name__)  # fmt: skip
+    observed["all-gathers it issues"] = str(sum(c.name == "foreach_all_gather" for r in ran for c in r.walk()))
+    observed["blocks.0 weight before wait"] = _weight_type(block)
+    handle.wait()
+    observed["blocks.0 weight after wait"] = _weight_type(block)
+    observed["blocks.0 pre-forward after a wait"] = _pre_forward_of(model, x, y, look, "blocks.0")
+    block.unshard(async_op=True)  # and no wait: the pre-forward waits
+    observed["blocks.0 pre-forward without a wait"] = _pre_forward_of(model, x, y, look, "blocks.0")
+    block.unshard()
+    model.unshard()
+    model.reshard()
+    units = {"root": model, **{f"blocks.{n}": b for n, b in enumerate(model.blocks)}}
+    kept = [name for name, unit in units.items() if _weight_type(unit) != "DTensor"]
+    observed["unsharded after model.reshard()"] = ", ".join(kept) or "none"
+    expected.require_values(observed, reason="explicit-unshard-differs", what="unshard and reshard called directly")
+    return observed
+
+
+def _weight_type(unit: nn.Module) -> str:
+    """The type of the unit's first own parameter (a block's first, the root's token embedding)."""
+    own = unit.tok_emb.weight if hasattr(unit, "tok_emb") else next(unit.parameters())
+    return type(own).__name__
+
+
+def _pre_forward_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor, look: Any, unit: str) -> str:
+    """What ``unit``'s pre-forward did in one forward and backward, as the map writes it, and the forward's
+    all-gathers."""
+    with record_call_tree(calls.SYMBOLS, look, optional=calls.OPTIONAL) as ran:
+        _, loss = model(x, y)
+    loss.backward()
+    rows = calls.rows(ran)
+    mine = next(row for row in rows if row.split()[1:3] == [unit, "pre-forward:"])
+    gathers = sum(row.count("(all-gather)") for row in rows)
+    return f"{mine.split('pre-forward: ', 1)[1]}; {gathers} all-gathers in the forward"

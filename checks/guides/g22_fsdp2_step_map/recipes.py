@@ -50,3 +50,12 @@ def forward_method_unwrapped(original: Any, module: Any, method_name: str) -> No
     """``register_fsdp_forward_method`` that checks its arguments and wraps nothing: the method runs no hook."""
     if not hasattr(module, method_name):
         raise ValueError(f"{type(module)} does not have a method {method_name}")
+
+
+def reshard_recursively(original: Any, self: Any) -> None:
+    """``FSDPModule.reshard`` that reshards every FSDP module under ``self`` too (the docstring says it does not)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in self.modules():
+        if isinstance(module, FSDPModule):
+            original(module)
