@@ -13,6 +13,10 @@ its inputs in the post-backward Function (``_register_post_backward_hook``); the
 Each inner post-forward reshards, records its place in the post-forward order and hooks its output; the root's
 post-forward comes last, keeps its parameters and hooks each of its outputs (``root_outputs``).
 
+``reshard_after_forward=False`` on every unit (``keep_after_forward``): no post-forward reshards, and in backward
+no group is sharded, so each prefetch finds its target unsharded and issues nothing, and no pre-backward has an
+all-gather to wait for.
+
 Backward. The root's output hooks fire first: the first queues the final callback, runs the group's
 ``pre_backward`` (nothing to unshard: it kept them) and prefetches the last inner unit; each further root output's
 hook returns at once. Then, for each inner unit in reverse: its pre-backward waits for the prefetched all-gather
@@ -36,9 +40,16 @@ def row(phase: str, unit: str, hook: str, did: Sequence[str]) -> str:
 
 
 def step_rows(
-    inner: Sequence[str], *, first: bool = False, root_outputs: int = 1, ends_through_iteration: bool = False
+    inner: Sequence[str],
+    *,
+    first: bool = False,
+    root_outputs: int = 1,
+    ends_through_iteration: bool = False,
+    keep_after_forward: bool = False,
 ) -> list[str]:
-    """The rows of one step of a root and the ``inner`` units (in forward order)."""
+    """The rows of one step of a root and the ``inner`` units (in forward order). ``keep_after_forward``: every
+    unit keeps its parameters after forward (``reshard_after_forward=False``): no post-forward reshards, and
+    backward finds every group unsharded, so its prefetches and waits do nothing."""
     if not inner or ROOT in inner or len(set(inner)) != len(inner):
         raise ValueError(f"inner units are distinct, at least one, and none is the root: {list(inner)!r}")
     if root_outputs < 1:
@@ -48,24 +59,31 @@ def step_rows(
     own = ["pre_forward", "unshard (all-gather)", "wait_for_unshard"]
     rows = [row("forward", ROOT, "pre-forward", ["_root_pre_forward", *init, *own])]
     after = ["post_forward", "reshard", "_record_post_forward", "_register_pre_backward_hook (1 output)"]
+    if keep_after_forward:
+        after.remove("reshard")
     for unit in inner:
         rows.append(row("forward", unit, "pre-forward", [*own, "_register_post_backward_hook"]))
         rows.append(row("forward", unit, "post-forward", after))
     outputs = f"{root_outputs} output{'s' if root_outputs != 1 else ''}"
     rows.append(row("forward", ROOT, "post-forward",
                     ["post_forward", "_record_post_forward", f"_register_pre_backward_hook ({outputs})"]))  # fmt: skip
-    rows.append(row("backward", ROOT, "pre-backward", ["queue final callback", "pre_backward", *_prefetch(inner[-1])]))
+    gathers = not keep_after_forward
+    rows.append(row("backward", ROOT, "pre-backward",
+                    ["queue final callback", "pre_backward", *_prefetch(inner[-1], gathers)]))  # fmt: skip
     rows += [row("backward", ROOT, "pre-backward", [])] * (root_outputs - 1)
     reduce = ["post_backward", "reshard", "foreach_reduce (reduce-scatter)"]
     for at in range(len(inner) - 1, -1, -1):
-        ahead = _prefetch(inner[at - 1]) if at > 0 else []
-        rows.append(row("backward", inner[at], "pre-backward", ["pre_backward", "wait_for_unshard", *ahead]))
+        ahead = _prefetch(inner[at - 1], gathers) if at > 0 else []
+        wait = ["wait_for_unshard"] if gathers else []
+        rows.append(row("backward", inner[at], "pre-backward", ["pre_backward", *wait, *ahead]))
         rows.append(row("backward", inner[at], "post-backward", reduce))
     end = ["wait_for_gradient_reduction", "_end_backward_iteration"] if ends_through_iteration else []
     rows.append(row("backward", ROOT, "final callback", [*reduce, *end, f"finalize_backward ×{groups}"]))
     return rows
 
 
-def _prefetch(unit: str) -> list[str]:
-    """A pre-backward's implicit prefetch of ``unit``: the call, and the all-gather it issues."""
-    return ["_backward_prefetch", f"_prefetch_unshard {unit}", f"unshard {unit} (all-gather)"]
+def _prefetch(unit: str, gathers: bool = True) -> list[str]:
+    """A pre-backward's implicit prefetch of ``unit``: the call, and the all-gather it issues when ``unit`` is
+    sharded (``gathers``)."""
+    issued = [f"unshard {unit} (all-gather)"] if gathers else []
+    return ["_backward_prefetch", f"_prefetch_unshard {unit}", *issued]

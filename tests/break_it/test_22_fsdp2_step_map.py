@@ -105,3 +105,11 @@ def test_a_handle_that_does_not_wait_is_caught(broken) -> None:
         "blocks.0 weight after wait",
         "blocks.0 pre-forward after a wait",
     ]
+
+
+@pytest.mark.breaks("22-fsdp2-step-map", "kept-after-forward")
+def test_a_setter_that_sets_nothing_is_caught(broken) -> None:
+    run = broken(skipping(f"{F}:FSDPModule.set_reshard_after_forward"))
+    assert run.reason == "kept-rows-differ"
+    assert run.details["observed"] == []  # the map is the default's: no row changed
+    assert [key.split()[:2] for _, key in named_rows(run)] == [["forward", "blocks.0"]]

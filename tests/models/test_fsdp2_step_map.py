@@ -52,3 +52,13 @@ def test_an_empty_row_says_it_returned_at_once() -> None:
 def test_impossible_structures_are_refused(inner: list[str], outputs: int) -> None:
     with pytest.raises(ValueError):
         step_rows(inner, root_outputs=outputs)
+
+
+@given(INNER)
+def test_parameters_kept_after_forward_leave_backward_nothing_to_gather(inner: list[str]) -> None:
+    default, kept = step_rows(inner), step_rows(inner, keep_after_forward=True)
+    assert len(kept) == len(default)
+    assert sum(r.count("(all-gather)") for r in kept) == len(inner) + 1  # the forward's only
+    changed = [k for k, d in zip(kept, default, strict=True) if k != d]
+    assert len(changed) == 2 * len(inner) + 1  # each block's post-forward and pre-backward, the root's pre-backward
+    assert not any("reshard" in r for r in kept if " post-forward: " in r)

@@ -219,3 +219,19 @@ def _pre_forward_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor, look: An
     mine = next(row for row in rows if row.split()[1:3] == [unit, "pre-forward:"])
     gathers = sum(row.count("(all-gather)") for row in rows)
     return f"{mine.split('pre-forward: ', 1)[1]}; {gathers} all-gathers in the forward"
+
+
+def kept_after_forward(ctx: RankContext, expected: Expected) -> dict[str, Any]:
+    """``set_reshard_after_forward(False)`` called after ``fully_shard`` changes the step map exactly where the
+    model's ``keep_after_forward`` does: the guide's rows, every other row the default map's."""
+    model = fsdp2_gpt(ctx, None)
+    model.set_reshard_after_forward(False)  # recurse=True: every unit
+    observed = calls.rows(steps.recorded_steps(ctx, model=model)[1])
+    default = steps.expected_rows()
+    require(len(observed) == len(default), "row-count-differs", f"{len(observed)} rows, not the default map's "
+            f"{len(default)}", observed=observed)  # fmt: skip
+    changed = [row for row, usual in zip(observed, default, strict=True) if row != usual]
+    expected.require_rows(changed, reason="kept-rows-differ", what="the rows set_reshard_after_forward(False) changes")
+    require_equal(observed, steps.expected_rows(keep_after_forward=True), reason="model-differs",
+                  what="the map with parameters kept after forward, against the rule model")  # fmt: skip
+    return {"changed": changed, **steps.counts(observed)}

@@ -32,14 +32,17 @@ def ends_through_iteration() -> bool:
     return (major, minor) >= (2, 15)
 
 
-def expected_rows(*, first: bool = False) -> list[str]:
-    return step_rows(BLOCKS, first=first, root_outputs=ROOT_OUTPUTS, ends_through_iteration=ends_through_iteration())
+def expected_rows(*, first: bool = False, keep_after_forward: bool = False) -> list[str]:
+    return step_rows(BLOCKS, first=first, root_outputs=ROOT_OUTPUTS, ends_through_iteration=ends_through_iteration(),
+                     keep_after_forward=keep_after_forward)  # fmt: skip
 
 
-def recorded_steps(ctx: RankContext, steps: int = 2, *, drawn: int | None = None) -> list[list[Call]]:
-    """The call trees of ``steps`` forward and backward passes, from a freshly built model; step ``drawn`` (1-based)
-    is also recorded by the event and collective recorders, for ``fsdp-readings timeline``."""
-    model = fsdp2_gpt(ctx, None)
+def recorded_steps(
+    ctx: RankContext, steps: int = 2, *, drawn: int | None = None, model: nn.Module | None = None
+) -> list[list[Call]]:
+    """The call trees of ``steps`` forward and backward passes, from a freshly built model (or ``model``); step
+    ``drawn`` (1-based) is also recorded by the event and collective recorders, for ``fsdp-readings timeline``."""
+    model = model if model is not None else fsdp2_gpt(ctx, None)
     trees = []
     for step in range(1, steps + 1):
         x, y = batch(ctx, step=step)
