@@ -17,6 +17,10 @@ post-forward comes last, keeps its parameters and hooks each of its outputs (``r
 no group is sharded, so each prefetch finds its target unsharded and issues nothing, and no pre-backward has an
 all-gather to wait for.
 
+``reshard_after_backward=False`` on every unit (``keep_after_backward``), from a step whose backward already
+kept them: no post-backward reshards, and the forward finds every group unsharded, so no pre-forward unshards or
+waits; the blocks' post-forwards still reshard (that is ``reshard_after_forward``), and backward all-gathers them.
+
 Backward. The root's output hooks fire first: the first queues the final callback, runs the group's
 ``pre_backward`` (nothing to unshard: it kept them) and prefetches the last inner unit; each further root output's
 hook returns at once. Then, for each inner unit in reverse: its pre-backward waits for the prefetched all-gather
@@ -46,17 +50,25 @@ def step_rows(
     root_outputs: int = 1,
     ends_through_iteration: bool = False,
     keep_after_forward: bool = False,
+    keep_after_backward: bool = False,
 ) -> list[str]:
     """The rows of one step of a root and the ``inner`` units (in forward order). ``keep_after_forward``: every
     unit keeps its parameters after forward (``reshard_after_forward=False``): no post-forward reshards, and
-    backward finds every group unsharded, so its prefetches and waits do nothing."""
+    backward finds every group unsharded, so its prefetches and waits do nothing. ``keep_after_backward``: every
+    unit keeps its parameters after backward (``reshard_after_backward=False``), this step's and the one before:
+    no post-backward reshards, and the forward finds every group unsharded, so it unshards and waits for
+    nothing."""
     if not inner or ROOT in inner or len(set(inner)) != len(inner):
         raise ValueError(f"inner units are distinct, at least one, and none is the root: {list(inner)!r}")
     if root_outputs < 1:
         raise ValueError(f"the root returns at least one tensor that needs a gradient, not {root_outputs}")
     groups = len(inner) + 1
     init = [*FIRST_STEP_INIT, f"lazy_init ×{groups}"] if first else []
-    own = ["pre_forward", "unshard (all-gather)", "wait_for_unshard"]
+    own = (
+        ["pre_forward"]
+        if keep_after_backward and not first
+        else ["pre_forward", "unshard (all-gather)", "wait_for_unshard"]
+    )
     rows = [row("forward", ROOT, "pre-forward", ["_root_pre_forward", *init, *own])]
     after = ["post_forward", "reshard", "_record_post_forward", "_register_pre_backward_hook (1 output)"]
     if keep_after_forward:
@@ -71,7 +83,8 @@ def step_rows(
     rows.append(row("backward", ROOT, "pre-backward",
                     ["queue final callback", "pre_backward", *_prefetch(inner[-1], gathers)]))  # fmt: skip
     rows += [row("backward", ROOT, "pre-backward", [])] * (root_outputs - 1)
-    reduce = ["post_backward", "reshard", "foreach_reduce (reduce-scatter)"]
+    reduce = ["post_backward", "foreach_reduce (reduce-scatter)"] if keep_after_backward else [
+        "post_backward", "reshard", "foreach_reduce (reduce-scatter)"]  # fmt: skip
     for at in range(len(inner) - 1, -1, -1):
         ahead = _prefetch(inner[at - 1], gathers) if at > 0 else []
         wait = ["wait_for_unshard"] if gathers else []

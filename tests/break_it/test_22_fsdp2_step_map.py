@@ -6,6 +6,7 @@ from checks.breakit.patches import replacing, returning, skipping, wrapping
 from checks.guides.g22_fsdp2_step_map.recipes import (
     forward_method_unwrapped,
     lazy_init_every_step,
+    post_backward_resharding_anyway,
     pre_backward_as_function,
     reshard_recursively,
     root_hooks_only_its_loss_on_rank_1,
@@ -113,3 +114,11 @@ def test_a_setter_that_sets_nothing_is_caught(broken) -> None:
     assert run.reason == "kept-rows-differ"
     assert run.details["observed"] == []  # the map is the default's: no row changed
     assert [key.split()[:2] for _, key in named_rows(run)] == [["forward", "blocks.0"]]
+
+
+@pytest.mark.breaks("22-fsdp2-step-map", "kept-after-backward")
+def test_a_post_backward_that_reshards_anyway_is_caught(broken) -> None:
+    # The flag is set, and the group's post-backward ignores it: the map is the default's again.
+    run = broken(wrapping(f"{PG}.post_backward", post_backward_resharding_anyway))
+    assert run.reason == "kept-rows-differ"
+    assert run.details["observed"] == []

@@ -62,3 +62,14 @@ def test_parameters_kept_after_forward_leave_backward_nothing_to_gather(inner: l
     changed = [k for k, d in zip(kept, default, strict=True) if k != d]
     assert len(changed) == 2 * len(inner) + 1  # each block's post-forward and pre-backward, the root's pre-backward
     assert not any("reshard" in r for r in kept if " post-forward: " in r)
+
+
+@given(INNER)
+def test_parameters_kept_after_backward_leave_the_next_forward_nothing_to_gather(inner: list[str]) -> None:
+    default, kept = step_rows(inner), step_rows(inner, keep_after_backward=True)
+    assert sum(r.count("(all-gather)") for r in kept) == len(inner)  # backward's prefetches only
+    assert not any("reshard" in r for r in kept if "post-backward" in r or "final callback" in r)
+    changed = [k for k, d in zip(kept, default, strict=True) if k != d]
+    assert len(changed) == 2 * (len(inner) + 1)  # every pre-forward, every post-backward and the final callback
+    # The first step starts sharded, whatever the setting: its forward all-gathers every unit.
+    assert step_rows(inner, first=True, keep_after_backward=True)[0] == step_rows(inner, first=True)[0]

@@ -224,14 +224,26 @@ def _pre_forward_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor, look: An
 def kept_after_forward(ctx: RankContext, expected: Expected) -> dict[str, Any]:
     """``set_reshard_after_forward(False)`` called after ``fully_shard`` changes the step map exactly where the
     model's ``keep_after_forward`` does: the guide's rows, every other row the default map's."""
+    return _kept(ctx, expected, "set_reshard_after_forward", "keep_after_forward")
+
+
+def kept_after_backward(ctx: RankContext, expected: Expected) -> dict[str, Any]:
+    """``set_reshard_after_backward(False)`` called after ``fully_shard`` changes the second step's map exactly
+    where the model's ``keep_after_backward`` does: the guide's rows, every other row the default map's."""
+    return _kept(ctx, expected, "set_reshard_after_backward", "keep_after_backward")
+
+
+def _kept(ctx: RankContext, expected: Expected, setter: str, rule: str) -> dict[str, Any]:
+    """The example with ``setter(False)`` called on the model (every unit), its second step mapped: the rows that
+    differ from the default map are the guide's, and the map is the model's with ``rule``."""
     model = fsdp2_gpt(ctx, None)
-    model.set_reshard_after_forward(False)  # recurse=True: every unit
+    getattr(model, setter)(False)  # recurse=True: every unit
     observed = calls.rows(steps.recorded_steps(ctx, model=model)[1])
     default = steps.expected_rows()
     require(len(observed) == len(default), "row-count-differs", f"{len(observed)} rows, not the default map's "
             f"{len(default)}", observed=observed)  # fmt: skip
     changed = [row for row, usual in zip(observed, default, strict=True) if row != usual]
-    expected.require_rows(changed, reason="kept-rows-differ", what="the rows set_reshard_after_forward(False) changes")
-    require_equal(observed, steps.expected_rows(keep_after_forward=True), reason="model-differs",
-                  what="the map with parameters kept after forward, against the rule model")  # fmt: skip
+    expected.require_rows(changed, reason="kept-rows-differ", what=f"the rows {setter}(False) changes")
+    require_equal(observed, steps.expected_rows(**{rule: True}), reason="model-differs",
+                  what=f"the map after {setter}(False), against the rule model")  # fmt: skip
     return {"changed": changed, **steps.counts(observed)}

@@ -59,3 +59,9 @@ def reshard_recursively(original: Any, self: Any) -> None:
     for module in self.modules():
         if isinstance(module, FSDPModule):
             original(module)
+
+
+def post_backward_resharding_anyway(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    """``FSDPParamGroup.post_backward`` that ignores ``reshard_after_backward`` and reshards, as by default."""
+    self.reshard_after_backward = True
+    return original(self, *args, **kwargs)

@@ -32,9 +32,10 @@ def ends_through_iteration() -> bool:
     return (major, minor) >= (2, 15)
 
 
-def expected_rows(*, first: bool = False, keep_after_forward: bool = False) -> list[str]:
+def expected_rows(*, first: bool = False, **kept: bool) -> list[str]:
+    """The model's rows for the example; ``kept``: ``keep_after_forward`` / ``keep_after_backward``."""
     return step_rows(BLOCKS, first=first, root_outputs=ROOT_OUTPUTS, ends_through_iteration=ends_through_iteration(),
-                     keep_after_forward=keep_after_forward)  # fmt: skip
+                     **kept)  # fmt: skip
 
 
 def recorded_steps(
