@@ -145,8 +145,6 @@ def shown(call: Call, row_unit: str) -> list[str]:
         return [f"_register_pre_backward_hook ({count} output{'s' if count != 1 else ''})"] if count else []
     if short == "foreach_reduce":
         return ["foreach_reduce (reduce-scatter)"]
-    if short in ("_root_pre_forward", "_lazy_init") and not call.seen.get("acts", True):
-        return inner
     return [f"{short}{about}", *inner]
 
 
