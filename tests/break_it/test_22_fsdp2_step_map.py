@@ -4,18 +4,25 @@ import pytest
 
 from checks.breakit.patches import replacing, returning, skipping, wrapping
 from checks.guides.g22_fsdp2_step_map.recipes import (
+    cap_never_reached,
+    divide_factor_recursively,
     forward_method_unwrapped,
     lazy_init_every_step,
+    max_buffers_in_force_at_once,
     post_backward_resharding_anyway,
     pre_backward_as_function,
+    reduce_without_hook,
+    reset_keeping_callback_flag,
     reshard_recursively,
     root_hooks_only_its_loss_on_rank_1,
+    unshard_in_backward_ignored,
 )
 from tests.break_it.conftest import named_rows
 
 S = "torch.distributed.fsdp._fully_shard._fsdp_state:FSDPState"
 PG = "torch.distributed.fsdp._fully_shard._fsdp_param_group:FSDPParamGroup"
 F = "torch.distributed.fsdp._fully_shard._fully_shard"
+C = "torch.distributed.fsdp._fully_shard._fsdp_collectives"
 ROOT_PRE_BACKWARD = (
     "backward  root      pre-backward: queue final callback, pre_backward, _backward_prefetch, "
     "_prefetch_unshard blocks.2, unshard blocks.2 (all-gather)"
@@ -122,3 +129,85 @@ def test_a_post_backward_that_reshards_anyway_is_caught(broken) -> None:
     run = broken(wrapping(f"{PG}.post_backward", post_backward_resharding_anyway))
     assert run.reason == "kept-rows-differ"
     assert run.details["observed"] == []
+
+
+@pytest.mark.breaks("22-fsdp2-step-map", "unshard-in-backward")
+def test_an_unshard_that_ignores_the_flag_is_caught(broken) -> None:
+    run = broken(wrapping(f"{PG}.unshard", unshard_in_backward_ignored))
+    assert run.reason == "unshard-rows-differ"
+    assert run.details["observed"] == []  # the map is the default's: pos_emb all-gathers in backward again
+
+
+@pytest.mark.breaks("22-fsdp2-step-map", "custom-collectives")
+def test_a_reduce_that_drops_the_hook_is_caught(broken) -> None:
+    run = broken(wrapping(f"{C}:foreach_reduce", reduce_without_hook))
+    assert run.reason == "hook-sizes-differ"
+    assert run.details["observed"] == []
+
+
+@pytest.mark.breaks("22-fsdp2-step-map", "custom-collectives")
+def test_an_ignored_custom_all_gather_is_caught(broken) -> None:
+    run = broken(skipping(f"{F}:FSDPModule.set_custom_all_gather"))
+    assert run.reason == "model-differs"
+    assert run.details["observed"][0] == 0  # no all-gather went through the custom comm
+
+
+@pytest.mark.breaks("22-fsdp2-step-map", "divide-factor")
+def test_a_recursive_divide_factor_is_caught(broken) -> None:
+    run = broken(wrapping(f"{F}:FSDPModule.set_gradient_divide_factor", divide_factor_recursively))
+    assert run.reason == "divide-factor-differs"
+    # Sums are forced on the root only: the blocks' factor of 4 is a PREMUL_SUM, which gloo refuses.
+    assert [key for _, key in named_rows(run)] == [
+        "with set_force_sum_reduction_for_comms(True), root",
+        "with set_force_sum_reduction_for_comms(True), blocks",
+    ]
+    assert "PREMUL_SUM" in run.details["observed"]["with set_force_sum_reduction_for_comms(True), blocks"]
+
+
+@pytest.mark.breaks("22-fsdp2-step-map", "separate-reduce-scatter-group")
+def test_a_reduce_scatter_left_on_the_all_gather_group_is_caught(broken) -> None:
+    run = broken(skipping(f"{PG}._set_separate_reduce_scatter_group"))
+    assert run.reason == "reduce-scatter-group-differs"
+    assert named_rows(run) == [("separate-reduce-scatter-group", "their process groups")]
+
+
+@pytest.mark.breaks("22-fsdp2-step-map", "reduce-scatter-buffers")
+def test_a_cap_that_changes_after_the_first_forward_is_caught(broken) -> None:
+    run = broken(wrapping(f"{F}:FSDPModule.set_reduce_scatter_max_input_buffers", max_buffers_in_force_at_once))
+    assert run.reason == "buffers-differ"
+    assert named_rows(run) == [("reduce-scatter-buffers", "set to 4 after the first step")]
+
+
+@pytest.mark.breaks("22-fsdp2-step-map", "reduce-scatter-buffers")
+def test_buffers_never_reclaimed_are_caught(broken) -> None:
+    run = broken(wrapping(f"{S}._init_shared_state", cap_never_reached))
+    assert run.reason == "cap-differs"
+    assert run.details["observed"] == [1, 2, 3, 4]  # the default cap of 1 no longer holds
+
+
+@pytest.mark.breaks("22-fsdp2-step-map", "reset-iter-state")
+def test_a_reset_that_does_nothing_is_caught(broken) -> None:
+    run = broken(skipping(f"{S}._reset_iter_state"))
+    assert run.reason == "reset-differs"
+    assert [key for _, key in named_rows(run)] == [
+        "after a forward that raised, reset",
+        "after a backward that raised, reset",
+        "after a backward that raised, reset, reduced",
+    ]
+
+
+@pytest.mark.breaks("22-fsdp2-step-map", "reset-iter-state")
+def test_a_reset_that_keeps_the_callback_flag_is_caught(broken) -> None:
+    run = broken(wrapping(f"{S}._reset_iter_state", reset_keeping_callback_flag))
+    assert run.reason == "reset-differs"
+    assert [key for _, key in named_rows(run)] == [
+        "after a backward that raised, reset",
+        "after a backward that raised, reset, reduced",
+    ]
+
+
+@pytest.mark.breaks("22-fsdp2-step-map", "share-comm-ctx")
+def test_a_share_that_shares_nothing_is_caught(broken) -> None:
+    run = broken(skipping(f"{F}:share_comm_ctx"))
+    assert run.reason == "comm-ctx-differs"
+    assert named_rows(run) == [("share-comm-ctx", "share_comm_ctx([a, b])")]

@@ -65,3 +65,49 @@ def post_backward_resharding_anyway(original: Any, self: Any, *args: Any, **kwar
     """``FSDPParamGroup.post_backward`` that ignores ``reshard_after_backward`` and reshards, as by default."""
     self.reshard_after_backward = True
     return original(self, *args, **kwargs)
+
+
+def unshard_in_backward_ignored(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    """``FSDPParamGroup.unshard`` that all-gathers in backward whatever ``set_unshard_in_backward`` said."""
+    self.unshard_in_backward = True
+    return original(self, *args, **kwargs)
+
+
+def reduce_without_hook(original: Any, *args: Any, **kwargs: Any) -> Any:
+    """``foreach_reduce`` that never calls the all-reduce hook it is given."""
+    import inspect
+
+    bound = inspect.signature(original).bind(*args, **kwargs)
+    bound.arguments["all_reduce_hook"] = None
+    return original(*bound.args, **bound.kwargs)
+
+
+def divide_factor_recursively(original: Any, self: Any, factor: float) -> None:
+    """``FSDPModule.set_gradient_divide_factor`` that sets every FSDP module under ``self`` too."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in self.modules():
+        if isinstance(module, FSDPModule):
+            original(module, factor)
+
+
+def max_buffers_in_force_at_once(original: Any, self: Any, max_input_buffers: int, **kwargs: Any) -> None:
+    """``FSDPModule.set_reduce_scatter_max_input_buffers`` that also changes the cap already in force."""
+    original(self, max_input_buffers, **kwargs)
+    comm_ctx = self._get_fsdp_state()._comm_ctx
+    if hasattr(comm_ctx, "reduce_scatter_states"):  # lazily initialised: the first forward has run
+        comm_ctx.reduce_scatter_max_input_buffers = max_input_buffers
+
+
+def reset_keeping_callback_flag(original: Any, self: Any) -> None:
+    """``FSDPState._reset_iter_state`` that leaves the final callback marked as queued, as the aborted backward
+    did."""
+    queued = self._state_ctx.post_backward_final_callback_queued
+    original(self)
+    self._state_ctx.post_backward_final_callback_queued = queued
+
+
+def cap_never_reached(original: Any, self: Any) -> None:
+    """``FSDPState._init_shared_state`` whose cap in force no backward reaches: no retained buffer is reclaimed."""
+    original(self)
+    self._comm_ctx.reduce_scatter_max_input_buffers = 1_000
