@@ -28,7 +28,7 @@ from reader.format.guide import Guide, Prose
 from reader.format.parse import load_guide, looks_like_guide
 from reader.source.anchors import AnchorError, Resolver
 from reader.source.index import IndexCache
-from reader.source.torch_source import TorchSource, open_source
+from reader.source.torch_source import TorchSource, decode_source, open_source
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "torch.distributed.fsdp._fully_shard"
@@ -73,7 +73,7 @@ def functions(source: TorchSource) -> list[Function]:
             continue
         data = source.read_bytes(f"{RELDIR}/{name}")
         assert data is not None
-        index = cache.index(data, data.decode("utf-8"))
+        index = cache.index(data, decode_source(data))
         for qualname, defs in index.definitions.items():
             kinds = [d for d in defs if d.kind == "function"]
             if kinds:
@@ -148,18 +148,11 @@ def gaps(defined: Iterable[str], read: set[str], rows: dict[str, Listing], versi
     )
 
 
-def installed_version(source: TorchSource) -> str:
-    text = source.read_text("torch/version.py") or ""
-    match = re.search(r"__version__\s*=\s*'([^']+)'", text) or re.search(r'__version__\s*=\s*"([^"]+)"', text)
-    assert match, "torch/version.py has no __version__"
-    return match[1].split("+")[0]
-
-
 def survey() -> tuple[str, list[Function], set[Function]]:
     """The installed torch's version, the package's functions and those the guides read."""
     source = open_source()
     try:
-        version = installed_version(source)
+        version = (source.version or "").split("+")[0]
         defined = functions(source)
         resolver = Resolver(source)
         read: set[Function] = set()

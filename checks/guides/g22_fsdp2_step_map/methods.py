@@ -4,9 +4,9 @@ default map (`steps.expected_rows`) and formulas of the example's shapes (`shard
 
 from __future__ import annotations
 
+import types
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -14,10 +14,11 @@ from torch import nn
 
 from checks.expected import Expected
 from checks.guides.g22_fsdp2_step_map import calls, steps
+from checks.models.comm_volume import fsdp2_padded
 from checks.probes.call_tree import record_call_tree
 from checks.ranks.context import RankContext
 from checks.violation import require, require_equal
-from checks.workloads.gpt import batch, fsdp2_gpt, unit_parameters
+from checks.workloads.gpt import batch, fsdp2_gpt, tiny_shapes
 
 
 def local_grads(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -117,20 +118,9 @@ def _clear_grads(model: nn.Module) -> None:
 
 
 def shard_numels(world_size: int) -> dict[str, int]:
-    """Each unit's reduce-scatter output: its parameters' numels, each padded to a multiple of ``world_size``
-    rows and divided by it (mini_gpt tiny's first dimensions are all even: no padding at 2)."""
-    from mini_gpt import GPT, preset
-
-    with torch.device("meta"):
-        shapes = {name: p.shape for name, p in GPT(preset("tiny")).named_parameters()}
-    out: dict[str, int] = {}
-    for unit, params in unit_parameters().items():
-        total = 0
-        for name, _ in params:
-            rows, rest = shapes[name][0], shapes[name][1:].numel()
-            total += -(-rows // world_size) * rest
-        out[unit] = total
-    return out
+    """Each unit's reduce-scatter output: its parameters, each padded to a multiple of ``world_size`` rows, over
+    ``world_size`` (`checks.models.comm_volume.fsdp2_padded`, from the shapes on the meta device)."""
+    return {unit: padded // world_size for unit, padded in fsdp2_padded(tiny_shapes(), world_size).items()}
 
 
 def comm_hooks(ctx: RankContext, expected: Expected) -> dict[str, Any]:
@@ -252,25 +242,6 @@ def divide_factor(ctx: RankContext, expected: Expected) -> dict[str, Any]:
 # -- reduce-scatter process group and retained buffers ------------------------------------------------------
 
 
-@contextmanager
-def reduce_scatter_calls(seen: list[Any]) -> Iterator[None]:
-    """Record what each ``foreach_reduce`` call gets: its reduce-scatter group, and the retained input buffers
-    once the group's post-backward has appended its own."""
-    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as group_module
-
-    original = group_module.foreach_reduce
-
-    def recording(*args: Any, **kwargs: Any) -> Any:
-        seen.append(args[2])  # reduce_scatter_group, third on every release
-        return original(*args, **kwargs)
-
-    group_module.foreach_reduce = recording
-    try:
-        yield
-    finally:
-        group_module.foreach_reduce = original
-
-
 def separate_reduce_scatter_group(ctx: RankContext, expected: Expected) -> dict[str, Any]:
     """``set_separate_reduce_scatter_group()`` on the root (recursive) makes one new group for every unit's
     reduce-scatter, of the same ranks, and changes no gradient."""
@@ -280,9 +251,9 @@ def separate_reduce_scatter_group(ctx: RankContext, expected: Expected) -> dict[
     train_step(reference, ctx)
     model = fsdp2_gpt(ctx, None)
     model.set_separate_reduce_scatter_group()
-    groups: list[Any] = []
-    with reduce_scatter_calls(groups):
+    with record_call_tree((f"{calls.C}:foreach_reduce",), _reduce_scatter_group) as reduces:
         train_step(model, ctx)
+    groups = [call.seen["group"] for call in reduces]
     gathers = {id(g._all_gather_process_group) for unit in fsdp_units(model)
                for g in unit._get_fsdp_state()._fsdp_param_groups}  # fmt: skip
     distinct = {id(group) for group in groups}
@@ -298,6 +269,11 @@ def separate_reduce_scatter_group(ctx: RankContext, expected: Expected) -> dict[
     expected.require_values(observed, reason="reduce-scatter-group-differs",
                             what="set_separate_reduce_scatter_group()")  # fmt: skip
     return observed
+
+
+def _reduce_scatter_group(name: str, frame: types.FrameType) -> dict[str, Any]:
+    """What the recorder keeps of a ``foreach_reduce`` call: the process group it reduce-scatters on."""
+    return {"group": frame.f_locals["reduce_scatter_group"]}
 
 
 def retained_after_each_reduce(model: nn.Module, ctx: RankContext, step: int) -> list[int]:
