@@ -136,8 +136,10 @@ def _kind(approved: ApprovedSource, current: Resolution) -> DriftKind:
     moved = (approved.file, approved.lines) != (current.relpath, (current.start, current.end))
     if old.exact == new.exact:
         return DriftKind.MOVED if moved else DriftKind.UNCHANGED
+    if old.cosmetic_to(new):
+        return DriftKind.COSMETIC
     if old.normalized == new.normalized:
-        return DriftKind.COSMETIC if old.annotations == new.annotations else DriftKind.ANNOTATIONS
+        return DriftKind.ANNOTATIONS
     return DriftKind.SIGNATURE if old.signature != new.signature else DriftKind.CODE
 
 
@@ -145,10 +147,12 @@ def compared_source(entry: LockEntry, current: Resolution, version: str | None) 
     """Of an anchor's approved sources (one per release of a matrix where the code differs), the one this run is
     judged against: the one whose text it has (exactly, then up to comments and formatting), else the one its
     release reads (the nearest older approval)."""
-    for same in ("exact", "normalized"):
-        for source in entry.sources:
-            if getattr(source.fingerprints, same) == getattr(current.fingerprints, same):
-                return source
+    for source in entry.sources:
+        if source.fingerprints.exact == current.fingerprints.exact:
+            return source
+    for source in entry.sources:
+        if source.fingerprints.cosmetic_to(current.fingerprints):
+            return source
     return entry.for_version(version)
 
 

@@ -133,7 +133,9 @@ def approve(
             if other != at and (found := previous.serving(other)) is not None:
                 served[other] = found
     exact = next((s for s in sources if s.fingerprints.exact == current.fingerprints.exact), None)
-    cosmetic = next((s for s in sources if s.fingerprints.normalized == current.fingerprints.normalized), None)
+    # Equal up to comments and formatting: what drift calls cosmetic. Annotations count, as they do there (an
+    # annotation-only change reused here would fail that release's anchor as "annotations-only" ever after).
+    cosmetic = next((s for s in sources if s.fingerprints.cosmetic_to(current.fingerprints)), None)
     if served:
         chosen = exact or cosmetic or current
     elif exact is not None:

@@ -28,6 +28,10 @@ class Fingerprints:
     annotations: str
     signature: str | None
 
+    def cosmetic_to(self, other: Fingerprints) -> bool:
+        """The same code and annotations: only comments, docstrings or formatting may differ."""
+        return self.normalized == other.normalized and self.annotations == other.annotations
+
     def to_json(self) -> dict[str, str | None]:
         return asdict(self)
 

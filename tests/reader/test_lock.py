@@ -173,6 +173,15 @@ def test_approving_unchanged_source_changes_nothing_and_a_change_adds_one_source
     assert approve_at(first, cosmetic, "2.15.0").sources[0].source == cosmetic  # one release: the text read
 
 
+def test_an_annotation_change_is_a_source_of_its_own_in_a_matrix():
+    # Drift judges a change of annotations alone as not cosmetic, so the release that has it needs its own
+    # approved source; folding it into the old one would fail that release's anchor ever after.
+    annotated = SOURCE.replace("def f(x):", "def f(x) -> int:")
+    first = approve_at(None, SOURCE, "2.13.0")
+    both = approve_at(first, annotated, "2.14.1", keep=("2.13.0",))
+    assert [(s.source, s.approved_on) for s in both.sources] == [(SOURCE, ("2.13.0",)), (annotated, ("2.14.1",))]
+
+
 def test_a_release_between_and_a_revert_keep_every_release_on_its_own_source():
     both = approve_at(approve_at(None, SOURCE, "2.13.0"), CHANGED, "2.15.0", keep=("2.13.0",))
     # 2.14 has 2.15's code: 2.15's source now holds from 2.14 on.
