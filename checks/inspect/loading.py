@@ -75,3 +75,12 @@ def build_for_real(spec: str, build: Callable[[], Any], seed: int = 0) -> Any:
     if not isinstance(model, nn.Module):
         raise LoadError(f"{spec} returned {type(model).__name__}, not an nn.Module")
     return model
+
+
+def build_on_meta_or_cpu(spec: str, build: Callable[[], Any]) -> Any:
+    """The model's structure: built on meta, or, when it cannot be built there, on the CPU (where a factory that
+    raises says why)."""
+    try:
+        return build_on_meta(spec, build)
+    except LoadError:
+        return build_for_real(spec, build)

@@ -24,7 +24,18 @@ from torch.utils._pytree import tree_leaves
 
 from checks.guides.g06_backward_prefetch.backward_runs import HOOK_KINDS, recorded_post_forward
 from checks.inspect import loading
-from checks.inspect.predict import DDP, FSDP1, FSDP2, REFERENCE, group_paths, modes, relative_name
+from checks.inspect.predict import (
+    DDP,
+    FSDP1,
+    FSDP2,
+    REFERENCE,
+    Usage,
+    group_paths,
+    modes,
+    reference_groups,
+    relative_name,
+)
+from checks.inspect.reach import RankReach, Reach, refusal
 from checks.naming import ROOT, clean
 from checks.probes.built_units import fsdp1_units
 from checks.probes.comm import record_comm
@@ -44,10 +55,60 @@ class BatchRejected(Exception):
     """The model raised on the input factory's batch: the message is the model's own error."""
 
 
-def batch_of(make_batch: Callable[[], Any], ctx: RankContext, step: int) -> Any:
-    with torch.random.fork_rng(devices=[]):
+class ModelRefused(Exception):
+    """What the model did with its batch is something the strategy cannot take (`checks.inspect.reach`): the
+    message says what and what to do. Every rank raises it, from the same gathered facts."""
+
+
+def reach_of(model: nn.Module, forward_backward: Callable[[nn.Module], None]) -> RankReach:
+    """Which modules ran in ``forward_backward``, which returned a tensor needing a gradient, and which
+    parameters got one (`checks.inspect.reach`)."""
+    ran: set[str] = set()
+    grad_output: set[str] = set()
+
+    def record(path: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            ran.add(path)
+            if any(isinstance(t, torch.Tensor) and t.requires_grad for t in tree_leaves(output)):
+                grad_output.add(path)
+
+        return hook
+
+    handles = [m.register_forward_hook(record(clean(path))) for path, m in model.named_modules()]
+    try:
+        forward_backward(model)
+    finally:
+        for handle in handles:
+            handle.remove()
+    grads = frozenset(clean(n) for n, p in model.named_parameters() if p.grad is not None)
+    return RankReach(frozenset(ran), frozenset(grad_output), grads)
+
+
+def unit_params(spec: str, build: Callable[[], Any], wrap: dict[str, Any] | None,
+                strategy: str) -> dict[str, list[str]]:  # fmt: skip
+    """Each unit's path and the parameters it holds by full name, as the strategy will build them (the wrap
+    model's units; the reference stages' groups); none under DDP."""
+    from checks.models import wrap as wm
+    from checks.workloads.wrap_policies import model_policy
+
+    if strategy in DDP:
+        return {}
+    model = loading.build_on_meta_or_cpu(spec, build)
+    units = wm.wrap(tree_of(model), model_policy(wrap))
+    if strategy in REFERENCE:
+        shapes = {clean(n): tuple(p.shape) for n, p in model.named_parameters()}
+        usage = Usage(trainable=frozenset(clean(n) for n, p in model.named_parameters() if p.requires_grad))
+        return {("" if g == ROOT else g): names for g, names in reference_groups(units, shapes, usage).items()}
+    return {u.path: [wm.join(u.path, name) for name, _ in u.params] for u in units.units}
+
+
+def forward(model: nn.Module, make_batch: Callable[[], Any], ctx: RankContext, step: int) -> Any:
+    """``model``'s output on this rank's batch of ``step``: the batch and the forward both drawn under seed
+    ``97 * step + rank``, so every forward of one step on one rank draws the same random numbers (dropout's
+    masks), whichever wrapper runs it; the seeded state is then dropped."""
+    with torch.random.fork_rng(devices=[ctx.device] if ctx.device.type == "cuda" else []):
         torch.manual_seed(97 * step + ctx.rank)
-        return make_batch()
+        return call(model, make_batch())
 
 
 def call(model: nn.Module, batch: Any) -> Any:
@@ -133,7 +194,14 @@ def _ulps(a: torch.Tensor, b: torch.Tensor) -> int:
 
 
 def measure(
-    ctx: RankContext, model: str, batch: str, *, wrap: dict[str, Any] | None, strategy: str, optimizer: str = "adamw"
+    ctx: RankContext,
+    model: str,
+    batch: str,
+    *,
+    wrap: dict[str, Any] | None,
+    strategy: str,
+    optimizer: str = "adamw",
+    find_unused_parameters: bool = False,
 ) -> dict[str, Any]:
     """The measurements `checks.inspect.compare` reads (see the module docstring); ``strategy`` is one of
     `checks.inspect.predict.MEASURED`."""
@@ -141,31 +209,40 @@ def measure(
     make_batch, _ = loading.factory(batch, "--input")
     plain = loading.build_for_real(model, build).to(ctx.device)
     try:
-        loss_of(call(plain, batch_of(make_batch, ctx, 0))).backward()
+        mine = reach_of(plain, lambda module: loss_of(forward(module, make_batch, ctx, 0)).backward())
     except BatchRejected:
         raise
     except Exception as exc:
         raise BatchRejected(f"{model} rejected the batch of {batch}: {type(exc).__name__}: {exc}") from exc
+    trainable = frozenset(clean(n) for n, p in plain.named_parameters() if p.requires_grad)
     del plain
+    everyone: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(everyone, mine.as_json())  # the same call on every rank: all refuse, or none
+    reach = Reach(tuple(RankReach.from_json(doc) for doc in everyone), trainable)
+    if why := refusal(reach, strategy, unit_params(model, build, wrap, strategy),
+                      find_unused_parameters=find_unused_parameters):  # fmt: skip
+        raise ModelRefused(why)
 
     def wrapped(mode: str | None = "BACKWARD_PRE") -> nn.Module:
         fresh = loading.build_for_real(model, build)
         if strategy in DDP:
             from checks.workloads.toy import wrap_ddp
 
-            return wrap_ddp(fresh, ctx)
+            return wrap_ddp(fresh, ctx, find_unused_parameters=find_unused_parameters)
         if strategy in FSDP2:
             return _fsdp2(fresh, ctx, wrap, FSDP2[strategy])
         return _fsdp1(fresh, ctx, wrap, FSDP1[strategy], mode)
 
     if strategy in REFERENCE:
-        return _reference(ctx, model, build, make_batch, wrap=wrap, strategy=strategy, optimizer=optimizer)
+        out = _reference(ctx, model, build, make_batch, wrap=wrap, strategy=strategy, optimizer=optimizer,
+                         reach=reach)  # fmt: skip
+        return {**out, "reach": list(everyone)}
     first = wrapped()
     optim = _optimizer(strategy, optimizer, first)
     out = {**steady_step(ctx, first, optim, make_batch), "prefetch": {}}
     for mode in modes(strategy):
         model_ = wrapped(None if mode in ("None", "implicit") else mode)
-        output = call(model_, batch_of(make_batch, ctx, 0))
+        output = forward(model_, make_batch, ctx, 0)
         order = post_forward_order(model_)
         with record_events(model_, label=f"inspect {mode}") as events:
             loss_of(output).backward()
@@ -174,7 +251,9 @@ def measure(
                                       "hooks": [e.describe() for e in events if e.kind in kinds]}  # fmt: skip
     fresh = [loading.build_for_real(model, build) for _ in range(2)]
     sharded = wrapped() if strategy != "ddp" else None  # DDP is the reference itself
-    out["gradients"] = gradients_against_ddp(ctx, make_batch, local=fresh[0], reference=fresh[1], sharded=sharded)
+    out["gradients"] = gradients_against_ddp(ctx, make_batch, local=fresh[0], reference=fresh[1], sharded=sharded,
+                                             reach=reach)  # fmt: skip
+    out["reach"] = list(everyone)
     return out
 
 
@@ -192,7 +271,7 @@ class _Engine:
 
 
 def _reference(ctx: RankContext, spec: str, build: Callable[[], Any], make_batch: Callable[[], Any], *,
-               wrap: dict[str, Any] | None, strategy: str, optimizer: str) -> dict[str, Any]:  # fmt: skip
+               wrap: dict[str, Any] | None, strategy: str, optimizer: str, reach: Reach) -> dict[str, Any]:  # fmt: skip
     """A reference ZeRO stage on the user's model, its groups the policy's units (`checks.inspect.predict`):
     its groups and their flat layout, the bytes it holds (its own shards included, `data_parallel.held_bytes`), a steady
     step's collectives and its gradients against DDP's."""
@@ -220,7 +299,8 @@ def _reference(ctx: RankContext, spec: str, build: Callable[[], Any], make_batch
                               "padding": g.padded - g.numel} for g in first.groups}  # fmt: skip
     out["prefetch"] = {}
     fresh = [loading.build_for_real(spec, build) for _ in range(2)]
-    out["gradients"] = gradients_against_ddp(ctx, make_batch, local=fresh[0], reference=fresh[1], sharded=engine())
+    out["gradients"] = gradients_against_ddp(ctx, make_batch, local=fresh[0], reference=fresh[1], sharded=engine(),
+                                             reach=reach)  # fmt: skip
     return out
 
 
@@ -307,7 +387,7 @@ def steady_step(ctx: RankContext, wrapped: nn.Module, optim: Any, make_batch: Ca
     steps: list[int] = []
 
     def step(number: int, comm: Any = None) -> list[str]:
-        output = call(wrapped, batch_of(make_batch, ctx, number))
+        output = forward(wrapped, make_batch, ctx, number)
         order = post_forward_order(wrapped)
         loss_of(output).backward()
         before = len(comm) if comm is not None else 0
@@ -371,54 +451,65 @@ def _partition(ddp: nn.Module, optim: torch.optim.Optimizer) -> list[list[str]] 
 
 def gradients_against_ddp(
     ctx: RankContext, make_batch: Callable[[], Any], *, local: nn.Module, reference: nn.Module,
-    sharded: nn.Module | None,
+    sharded: nn.Module | None, reach: Reach,
 ) -> dict[str, Any]:  # fmt: skip
     """One backward of the same weights and batches, three ways: unwrapped on each rank alone (``local``: the N
     terms of every reduced element), under DDP (``reference``) and under the strategy inspected (``sharded``; its
     whole gradient from FSDP1's ``summon_full_params(with_grads=True)``, FSDP2's ``full_tensor()``, or a DDP's
     module; None when the strategy is DDP itself, then only DDP's side is reported). The expected values are
     the fp32 sums of the N terms, added in any order and grouping (`checks.numerics.pairwise_sums`), over N: both
-    reductions divide by powers of two only, which is exact. Reported: the elements of FSDP's and of DDP's
-    gradient outside that set, the parameters bitwise equal between the two, and the worst distance in ulps."""
+    reductions divide by powers of two only, which is exact. A parameter a rank's backward does not reach adds a
+    zero term there, and a missing gradient compares as zeros: the collectives issued here are the same on every
+    rank whatever each one reached. Reported: the elements of FSDP's and of DDP's gradient outside that set, the
+    parameters bitwise equal between the two, the worst distance in ulps, and which trained parameter, reached
+    on some rank, has no gradient on a side (or which frozen one has one)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from checks.numerics import pairwise_sums
 
-    loss_of(call(local.to(ctx.device), batch_of(make_batch, ctx, 0))).backward()
-    names = [clean(n) for n, p in local.named_parameters() if p.grad is not None]
-    mine = torch.cat([p.grad.detach().reshape(-1) for p in local.parameters() if p.grad is not None])
+    loss_of(forward(local.to(ctx.device), make_batch, ctx, 0)).backward()
+    params = dict((clean(n), p) for n, p in local.named_parameters())
+    names = [n for n, p in params.items() if p.requires_grad]  # the same on every rank
+    mine = torch.cat([_or_zeros(params[n].grad, params[n]).reshape(-1) for n in names])
     terms = [torch.empty_like(mine) for _ in range(ctx.world_size)]
     dist.all_gather(terms, mine)
     allowed = [total / ctx.world_size for total in pairwise_sums(terms)]
-    ddp = DDP(reference.to(ctx.device))
-    loss_of(call(ddp, batch_of(make_batch, ctx, 0))).backward()
+    ddp = DDP(reference.to(ctx.device), find_unused_parameters=bool(reach.unreached()))
+    loss_of(forward(ddp, make_batch, ctx, 0)).backward()
     want = {clean(n): p.grad.detach().clone() for n, p in ddp.module.named_parameters() if p.grad is not None}
-    grads = {}
+    grads: dict[str, torch.Tensor] = {}
     if sharded is not None:
         module = sharded if isinstance(sharded, nn.Module) else sharded.model  # a reference ZeRO stage's model
-        loss_of(call(module, batch_of(make_batch, ctx, 0))).backward()
+        loss_of(forward(module, make_batch, ctx, 0)).backward()
         grads = _whole_grads(sharded)
-    missing = sorted((set(want) ^ set(grads) if sharded is not None else set()) | set(names) ^ set(want))
+    reached = reach.anywhere("grads")
+    sides = (("sharded", grads), ("ddp", want)) if sharded is not None else (("ddp", want),)
+    missing = sorted({n for _, values in sides for n in names if n in reached and n not in values}
+                     | {n for _, values in sides for n in values if n not in names})  # fmt: skip
     outside = {}
     if not missing:
-        for label, values in (("sharded", grads), ("ddp", want)) if sharded is not None else (("ddp", want),):
-            flat = torch.cat([values[n].reshape(-1) for n in names])
+        for label, values in sides:
+            flat = torch.cat([_or_zeros(values.get(n), params[n]).reshape(-1) for n in names])
             inside = torch.zeros_like(flat, dtype=torch.bool)
             for candidate in allowed:
                 inside |= flat == candidate
             outside[label] = int((~inside).sum())
-    distances = {name: _ulps(grads[name], want[name]) for name in want if name in grads}
-    worst = max(distances, key=lambda n: distances[n]) if distances else None
+    distances = {n: _ulps(_or_zeros(grads.get(n), params[n]), _or_zeros(want.get(n), params[n])) for n in names}
+    worst = max(distances, key=lambda n: distances[n]) if distances and sharded is not None else None
     return {
-        "parameters": len(distances),
+        "parameters": len(distances) if sharded is not None else 0,
         "elements": int(mine.numel()),
         "sums": len(allowed),
         "outside": outside,
-        "bitwise": sum(d == 0 for d in distances.values()),
+        "bitwise": sum(d == 0 for d in distances.values()) if sharded is not None else 0,
         "worst_ulps": distances[worst] if worst else 0,
         "worst_parameter": worst if worst and distances[worst] else None,
         "missing": missing,
     }
+
+
+def _or_zeros(grad: torch.Tensor | None, param: torch.Tensor) -> torch.Tensor:
+    return grad.detach() if grad is not None else torch.zeros(param.shape, dtype=param.dtype, device=param.device)
 
 
 def _whole_grads(model: Any) -> dict[str, torch.Tensor]:
@@ -429,6 +520,10 @@ def _whole_grads(model: Any) -> dict[str, torch.Tensor]:
     if hasattr(model, "_exec_order_data"):
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
+        # Inside the summon every view of a flat gradient has one, a frozen parameter's too; training's views
+        # (`_use_sharded_grad_views`) give those None, so they are left out here
+        trained = {clean(n) for n, p in model.named_parameters() if p.requires_grad}
         with FSDP.summon_full_params(model, writeback=False, with_grads=True):
-            return {clean(n): p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+            return {clean(n): p.grad.detach().clone() for n, p in model.named_parameters()
+                    if p.grad is not None and clean(n) in trained}  # fmt: skip
     return {clean(n): p.grad.full_tensor().detach().clone() for n, p in model.named_parameters() if p.grad is not None}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from checks.models import comm_volume, cost, fsdp2_prefetch, prefetch
@@ -47,6 +48,35 @@ ELEMENT_BYTES = 4  # fp32: the run's parameters, gradients and collectives
 # DDP's buffer broadcast: `DistributedDataParallel.broadcast_bucket_size` (torch/nn/parallel/distributed.py),
 # the limit `dist._broadcast_coalesced` gives its bucket assignment (c10d's comm.cpp)
 BROADCAST_BUCKET_BYTES = 250 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What the model's own step does with its parameters, an input as the post-forward order is: which require a
+    gradient (static), and, from the unwrapped run every rank makes first (`checks.inspect.reach`), which got one,
+    which modules ran and which returned a tensor needing a gradient. None: all of them (``--meta``, which runs
+    nothing)."""
+
+    trainable: frozenset[str] | None = None
+    grads: frozenset[str] | None = None
+    ran: frozenset[str] | None = None
+    grad_output: frozenset[str] | None = None
+    find_unused_parameters: bool = False
+
+    def is_trainable(self, name: str) -> bool:
+        return self.trainable is None or name in self.trainable
+
+    def reached(self, name: str) -> bool:
+        return self.grads is None or name in self.grads
+
+    def runs(self, path: str) -> bool:
+        return path == "" or self.ran is None or path in self.ran
+
+    def needs_grad_output(self, path: str) -> bool:
+        return self.grad_output is None or path in self.grad_output
+
+
+EVERYTHING = Usage()
 
 
 def modes(strategy: str) -> tuple[str | None, ...]:
@@ -81,22 +111,23 @@ def fsdp2_units_of(tree: wm.Module, wrap: wm.Wrap) -> list[dict[str, Any]]:
     ]
 
 
-def parameters(wrap: wm.Wrap, shapes: Mapping[str, tuple[int, ...]]) -> list[Param]:
-    """The memory model's input: every flattened parameter with its unit and shape, unit by unit, each in its
-    flattening order."""
+def parameters(wrap: wm.Wrap, shapes: Mapping[str, tuple[int, ...]], usage: Usage = EVERYTHING) -> list[Param]:
+    """The memory model's input: every flattened parameter with its unit, shape, and whether it is trained and
+    reached (``usage``), unit by unit, each in its flattening order."""
     out = []
     for unit in wrap.units:
         for name, _ in unit.params:
             fqn = wm.join(unit.path, name)
             if fqn not in shapes:
                 raise ValueError(f"{fqn}: flattened by unit {unit.name} but not among the model's parameters")
-            out.append(Param(unit.name, fqn, tuple(shapes[fqn])))
+            out.append(Param(unit.name, fqn, tuple(shapes[fqn]), usage.is_trainable(fqn), usage.reached(fqn)))
     return out
 
 
-def default_post_forward(wrap: wm.Wrap) -> list[str]:
-    """Inner units holding parameters, in the order the wrap built them (see the module docstring)."""
-    return [u.name for u in wrap.units if u.name != ROOT and u.params]
+def default_post_forward(wrap: wm.Wrap, usage: Usage = EVERYTHING) -> list[str]:
+    """Inner units holding parameters whose forward runs, in the order the wrap built them (see the module
+    docstring)."""
+    return [u.name for u in wrap.units if u.name != ROOT and u.params and usage.runs(u.path)]
 
 
 def prefetch_hooks(strategy: str, order: Sequence[str], mode: str | None, root_params: bool) -> list[str]:
@@ -121,6 +152,38 @@ def _fsdp2_layout(shapes: Sequence[tuple[int, ...]], world_size: int) -> dict[st
     return {"numel": numel, "padded": shard * world_size, "shard": shard, "padding": shard * world_size - numel}
 
 
+def fsdp_collectives(strategy: str, wrap: wm.Wrap, params: Sequence[Param], world_size: int, *,
+                     order: Sequence[str], usage: Usage) -> list[dict[str, Any]]:  # fmt: skip
+    """A steady FSDP step's collectives, unit by unit (`checks.models.comm_volume`'s step, restricted by
+    ``usage``): forward all-gathers every unit whose forward runs; backward, in reverse post-forward order (the
+    root first), all-gathers again each unit forward freed whose output needs a gradient (only such an output
+    gets the pre-backward hook), and reduces each unit that has a gradient: FSDP1 its whole flat parameter,
+    FSDP2 only the parameters that got one (``post_backward``'s ``fsdp_params_with_grad``); NO_SHARD
+    all-reduces its whole flat parameter instead."""
+    units = [u for u in wrap.units if u.params and usage.runs(u.path)]
+    members = {u.name: [p for p in params if p.unit == u.name] for u in units}
+    names = [*(u.name for u in units if u.name == ROOT), *(u.name for u in units if u.name != ROOT)]
+    paths = {u.name: u.path for u in units}
+    if strategy in FSDP2:
+        padded = comm_volume.fsdp2_padded({n: [p.shape for p in members[n]] for n in names}, world_size)
+        reduced = comm_volume.fsdp2_padded({n: [p.shape for p in members[n] if p.grad] for n in names}, world_size)
+    else:
+        numels = {n: [p.numel for p in members[n]] for n in names}
+        padded = comm_volume.fsdp1_padded(numels, ELEMENT_BYTES, world_size, True)
+        if strategy == "no-shard":
+            padded = {n: layout(numels[n], ELEMENT_BYTES, world_size, sharded=False).padded_numel for n in names}
+        reduced = {n: padded[n] if any(p.grad for p in members[n]) else 0 for n in names}
+    backward = [n for n in [ROOT, *reversed(order)] if n in padded]
+    ops = [] if strategy == "no-shard" else [("all_gather", padded[n], "forward", n) for n in names]
+    if strategy != "no-shard":
+        freed = comm_volume.freed_after_forward(strategy, names, ROOT)
+        ops += [("all_gather", padded[n], "backward", n) for n in backward
+                if n in freed and usage.needs_grad_output(paths[n])]  # fmt: skip
+    kind = "all_reduce" if strategy == "no-shard" else "reduce_scatter"
+    ops += [(kind, reduced[n], "backward", n) for n in backward if reduced[n]]
+    return [{"op": op, "numel": numel, "phase": phase, "unit": unit} for op, numel, phase, unit in ops]
+
+
 def predict(
     tree: wm.Module,
     shapes: Mapping[str, tuple[int, ...]],
@@ -131,21 +194,24 @@ def predict(
     optimizer: str = "adamw",
     post_forward: Sequence[str] | None = None,
     buffers: Sequence[db.Param] = (),
+    usage: Usage = EVERYTHING,
 ) -> dict[str, Any]:
     """The prediction for one step of ``strategy`` (one of `MEASURED`) on ``world_size`` ranks, fp32 (FSDP1 with
     ``use_orig_params=True``), stepped by ``optimizer`` (`checks.models.zero_memory.OPTIMIZERS`). ``buffers``:
-    the model's buffers in ``named_buffers()`` order (DDP broadcasts them in every forward)."""
+    the model's buffers in ``named_buffers()`` order (DDP broadcasts them in every forward); ``usage``: which
+    parameters are trained and reached, and which modules run (`Usage`)."""
     if strategy not in MEASURED:
         raise ValueError(f"inspect runs {', '.join(MEASURED)}, not {strategy!r}")
     if not shapes:
         raise ValueError("the model has no parameters: there is nothing to shard")
     if strategy in DDP:
-        return ddp(shapes, buffers, strategy=strategy, world_size=world_size, optimizer=optimizer)
+        return ddp(shapes, buffers, strategy=strategy, world_size=world_size, optimizer=optimizer, usage=usage)
     wrap = wm.wrap(tree, policy)
     if strategy in REFERENCE:
-        return reference(tree, wrap, shapes, strategy=strategy, world_size=world_size, optimizer=optimizer)
+        return reference(tree, wrap, shapes, strategy=strategy, world_size=world_size, optimizer=optimizer,
+                         usage=usage)  # fmt: skip
     with_params = [u for u in wrap.units if u.params]
-    params = parameters(wrap, shapes)
+    params = parameters(wrap, shapes, usage)
     by_unit = {u.name: [p.shape for p in params if p.unit == u.name] for u in with_params}
     if strategy in FSDP2:
         layouts = {name: _fsdp2_layout(s, world_size) for name, s in by_unit.items()}
@@ -154,18 +220,11 @@ def predict(
         sharded = strategy != "no-shard"
         layouts = {u.name: _fsdp1_layout(u.numels, world_size, sharded) for u in with_params}
         units = units_of(wrap)
-    order = list(post_forward) if post_forward is not None else default_post_forward(wrap)
+    order = list(post_forward) if post_forward is not None else default_post_forward(wrap, usage)
     root_params = ROOT in by_unit
-    if strategy == "no-shard":  # one all-reduce per unit's whole flat parameter: estimate's model
-        volume = cost.collectives(cost.Plan(tuple(params), world_size, strategy, root=ROOT))
-    else:
-        unit_shapes = {ROOT: by_unit.get(ROOT, []), **{u: s for u, s in by_unit.items() if u != ROOT}}
-        backward = [*reversed(order)] if not root_params else [ROOT, *reversed(order)]
-        volume = comm_volume.step(strategy, unit_shapes, world_size, root=ROOT, backward_order=backward)
     impl = "fsdp2" if strategy in FSDP2 else strategy
     memory = [per_rank(impl, params, world_size, rank, optim=optimizer).by_category() for rank in range(world_size)]
-    collectives = [{"op": o.op, "numel": o.numel, "phase": "backward" if o.backward else "forward", "unit": o.unit}
-                   for o in volume.ops]  # fmt: skip
+    collectives = fsdp_collectives(strategy, wrap, params, world_size, order=order, usage=usage)
     return {
         "units": units,
         "layout": layouts,
@@ -180,19 +239,33 @@ def predict(
 
 def with_ready_order(prediction: dict[str, Any], shapes: Mapping[str, tuple[int, ...]], buffers: Sequence[db.Param],
                      ready: Sequence[int]) -> dict[str, Any]:  # fmt: skip
-    """A DDP prediction over the gradient-ready order ``ready`` (parameter indices): its buckets and collectives."""
-    buckets = ddp_buckets(shapes, ready)
-    collectives = ddp_collectives(shapes, buckets, buffers, prediction["partition"])
+    """A DDP prediction over the gradient-ready order ``ready`` (parameter indices): its buckets and collectives.
+    With ``find_unused_parameters`` the reducer never rebuilds, so the order changes nothing."""
+    if prediction["find_unused_parameters"]:
+        return prediction
+    trained = prediction["trained"]
+    buckets = ddp_buckets(shapes, trained, ready)
+    collectives = ddp_collectives(
+        shapes, trained, buckets, buffers, prediction["partition"], find_unused_parameters=False
+    )
     return {**prediction, "buckets": buckets, "collectives": collectives}
 
 
-def ddp_buckets(shapes: Mapping[str, tuple[int, ...]], ready: Sequence[int] | None = None) -> list[list[int]]:
-    """The reducer's buckets from the second iteration on (its default caps): rebuilt over the gradient-ready
-    order of the first (`checks.models.ddp_buckets.rebuilt_buckets`), as parameter indices in registration
-    order."""
-    params = [db.Param(math.prod(s)) for s in shapes.values()]
-    order = list(ready) if ready is not None else list(reversed(range(len(params))))  # before torch's is known
-    return db.rebuilt_buckets(params, order)
+def ddp_buckets(shapes: Mapping[str, tuple[int, ...]], trained: Sequence[int], ready: Sequence[int] | None = None,
+                find_unused_parameters: bool = False) -> list[list[int]]:  # fmt: skip
+    """The reducer's buckets over the parameters that require a gradient (``trained``, indices in registration
+    order; the reducer has no others), as those indices. From the second iteration on (its default caps):
+    rebuilt over the gradient-ready order of the first (`checks.models.ddp_buckets.rebuilt_buckets`); with
+    ``find_unused_parameters``, never rebuilt: the initial ones (`checks.models.ddp_buckets.initial_buckets`)."""
+    sizes = [math.prod(s) for s in shapes.values()]
+    params = [db.Param(sizes[i]) for i in trained]
+    local = {index: position for position, index in enumerate(trained)}
+    if find_unused_parameters:
+        buckets = db.initial_buckets(params, db.Options(find_unused_parameters=True))
+    else:
+        order = [local[i] for i in ready if i in local] if ready is not None else list(reversed(range(len(params))))
+        buckets = db.rebuilt_buckets(params, order)
+    return [[trained[position] for position in bucket] for bucket in buckets]
 
 
 def buffer_broadcasts(buffers: Sequence[db.Param]) -> list[db.Param]:
@@ -210,16 +283,22 @@ def buffer_broadcasts(buffers: Sequence[db.Param]) -> list[db.Param]:
 
 def ddp_collectives(
     shapes: Mapping[str, tuple[int, ...]],
+    trained: Sequence[int],
     buckets: Sequence[Sequence[int]],
     buffers: Sequence[db.Param],
     partition: Sequence[Sequence[str]] | None,
+    *,
+    find_unused_parameters: bool,
 ) -> list[dict[str, Any]]:
-    """A steady DDP step: the buffers' broadcasts before forward, one all-reduce per bucket in backward, and with
-    ZeroRedundancyOptimizer (``partition``) one broadcast per parameter in the step, each from its owner
-    (``_sync_params``: ``parameters_as_bucket_view=False``, the default)."""
+    """A steady DDP step: the buffers' broadcasts before forward, one all-reduce per bucket in backward (with
+    ``find_unused_parameters`` one more, of the used-parameter map: an int32 per parameter in the reducer), and
+    with ZeroRedundancyOptimizer (``partition``) one broadcast per parameter in the step, each from its owner
+    (``_sync_params``: ``parameters_as_bucket_view=False``, the default; the partition holds frozen ones too)."""
     numels = [math.prod(s) for s in shapes.values()]
     ops = [{"op": "broadcast", "numel": b.numel, "phase": "forward"} for b in buffer_broadcasts(buffers)]
     ops += [{"op": "all_reduce", "numel": sum(numels[i] for i in bucket), "phase": "backward"} for bucket in buckets]
+    if find_unused_parameters:
+        ops.append({"op": "all_reduce", "numel": len(trained), "phase": "backward"})
     if partition is not None:
         ops += [{"op": "broadcast", "numel": math.prod(shapes[name]), "phase": "step"}
                 for owned in partition for name in owned]  # fmt: skip
@@ -227,15 +306,19 @@ def ddp_collectives(
 
 
 def ddp(shapes: Mapping[str, tuple[int, ...]], buffers: Sequence[db.Param], *, strategy: str, world_size: int,
-        optimizer: str) -> dict[str, Any]:  # fmt: skip
-    """DDP's step, and with ZeroRedundancyOptimizer its partition: no units; buckets instead (see `predict`)."""
-    params = [Param(ROOT, name, tuple(shape)) for name, shape in shapes.items()]  # DDP's order: registration
+        optimizer: str, usage: Usage = EVERYTHING) -> dict[str, Any]:  # fmt: skip
+    """DDP's step, and with ZeroRedundancyOptimizer its partition: no units; buckets instead (see `predict`). A
+    parameter gets a gradient when some rank's backward reaches it (the all-reduce gives it to every rank)."""
+    params = [Param(ROOT, name, tuple(shape), usage.is_trainable(name), usage.reached(name))
+              for name, shape in shapes.items()]  # DDP's order: registration  # fmt: skip
+    trained = [i for i, p in enumerate(params) if p.trainable]
     partition = None
     if strategy == "torch-zero":
         partition = [[name for name, _ in owned] for owned in greedy_partition([(p.name, p.numel) for p in params],
                                                                               world_size)]  # fmt: skip
-    buckets = ddp_buckets(shapes)
-    collectives = ddp_collectives(shapes, buckets, buffers, partition)
+    unused = usage.find_unused_parameters
+    buckets = ddp_buckets(shapes, trained, find_unused_parameters=unused)
+    collectives = ddp_collectives(shapes, trained, buckets, buffers, partition, find_unused_parameters=unused)
     return {
         "units": [],
         "layout": {},
@@ -249,6 +332,8 @@ def ddp(shapes: Mapping[str, tuple[int, ...]], buffers: Sequence[db.Param], *, s
         "prefetch": {},
         "parameters": list(shapes),
         "sizes": [math.prod(s) for s in shapes.values()],
+        "trained": trained,
+        "find_unused_parameters": unused,
         "buckets": buckets,
         "partition": partition,
     }
@@ -267,27 +352,30 @@ def group_paths(wrap: wm.Wrap) -> list[str]:
     return paths
 
 
-def reference_groups(wrap: wm.Wrap, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, list[str]]:
-    """Each group's parameters by name (`checks.zero.groups.module_groups`' rule): every parameter, in
-    registration order, to the first group whose path prefixes its name, else to the root; the root first, and
-    only groups that hold a parameter."""
+def reference_groups(wrap: wm.Wrap, shapes: Mapping[str, tuple[int, ...]],
+                     usage: Usage = EVERYTHING) -> dict[str, list[str]]:  # fmt: skip
+    """Each group's parameters by name (`checks.zero.groups.module_groups`' rule): every parameter that requires
+    a gradient, in registration order, to the first group whose path prefixes its name, else to the root; the
+    root first, and only groups that hold a parameter. A frozen parameter is in no group."""
     paths = group_paths(wrap)
     members: dict[str, list[str]] = {ROOT: [], **{p: [] for p in paths}}
     for name in shapes:
-        members[next((p for p in paths if name.startswith(p + ".")), ROOT)].append(name)
+        if usage.is_trainable(name):
+            members[next((p for p in paths if name.startswith(p + ".")), ROOT)].append(name)
     return {group: names for group, names in members.items() if names}
 
 
 def reference(tree: wm.Module, wrap: wm.Wrap, shapes: Mapping[str, tuple[int, ...]], *, strategy: str,
-              world_size: int, optimizer: str) -> dict[str, Any]:  # fmt: skip
+              world_size: int, optimizer: str, usage: Usage = EVERYTHING) -> dict[str, Any]:  # fmt: skip
     """A reference ZeRO stage's step (`checks.zero`): one flat group per non-root unit and the root with the
     rest, each padded to a multiple of N; memory from `checks.models.zero_memory.reference`, collectives from
     ``estimate``'s model (`checks.models.cost.collectives`): ZeRO-1 and 2 reduce-scatter each group in backward
     and all-gather the updated shards in the optimizer's step; ZeRO-3 gathers in forward and again in backward
     (all but the root, which it keeps) and reduce-scatters."""
-    groups = reference_groups(wrap, shapes)
+    groups = reference_groups(wrap, shapes, usage)
     types = {u.name: u.type for u in wrap.units}
     params = [Param(group, name, tuple(shapes[name])) for group, names in groups.items() for name in names]
+    frozen = [Param(ROOT, name, tuple(shape), False) for name, shape in shapes.items() if not usage.is_trainable(name)]
     units = [{"name": g, "type": types.get(g, tree.type), "params": [[relative_name(n, g), math.prod(shapes[n])]
               for n in names], "shared": []} for g, names in groups.items()]  # fmt: skip
     layouts = {}
@@ -303,7 +391,8 @@ def reference(tree: wm.Module, wrap: wm.Wrap, shapes: Mapping[str, tuple[int, ..
         "units": units,
         "layout": layouts,
         "memory": [
-            per_rank(strategy, params, world_size, rank, optim=optimizer).by_category() for rank in range(world_size)
+            per_rank(strategy, [*params, *frozen], world_size, rank, optim=optimizer).by_category()
+            for rank in range(world_size)
         ],
         "collectives": collectives,
         "post_forward": [],

@@ -92,9 +92,19 @@ IMPLEMENTATIONS = ("ddp", "torch-zero", *REFERENCE, *FSDP1, "fsdp2")
 
 @dataclass(frozen=True)
 class Param:
+    """A parameter: its unit, name and shape; whether it requires a gradient (``trainable``, False when frozen)
+    and whether the step's backward reaches it (False: an expert no token reached)."""
+
     unit: str
     name: str
     shape: tuple[int, ...]
+    trainable: bool = True
+    reached: bool = True
+
+    @property
+    def grad(self) -> bool:
+        """Autograd gives it a gradient of its own."""
+        return self.trainable and self.reached
 
     @property
     def numel(self) -> int:
@@ -147,7 +157,9 @@ def per_rank(
         raise ValueError(f"rank {rank} is outside a world of {world_size}")
     psi = sum(p.numel for p in params)
     if impl == "ddp":
-        return Memory(FP32 * psi, FP32 * psi, opt.state_bytes(psi, len(params)))
+        trained = [p for p in params if p.grad]
+        grads = sum(p.numel for p in trained)
+        return Memory(FP32 * psi, FP32 * grads, opt.state_bytes(grads, len(trained)))
     if impl == "torch-zero":
         return torch_zero(params, world_size, rank, opt=opt)
     if impl in REFERENCE:
@@ -160,10 +172,14 @@ def per_rank(
 
 
 def torch_zero(params: Sequence[Param], world_size: int, rank: int, *, opt: Optimizer = OPTIMIZERS["adamw"]) -> Memory:
-    """DDP + ZeroRedundancyOptimizer: whole parameters and gradients; state for the parameters this rank owns."""
+    """DDP + ZeroRedundancyOptimizer: whole parameters and gradients; state for the parameters this rank owns
+    that get a gradient (the partition takes every parameter, frozen ones too)."""
     psi = sum(p.numel for p in params)
+    grads = sum(p.numel for p in params if p.grad)
     owned = greedy_partition([(p.name, p.numel) for p in params], world_size)[rank]
-    return Memory(FP32 * psi, FP32 * psi, opt.state_bytes(sum(n for _, n in owned), len(owned)))
+    trained = {p.name for p in params if p.grad}
+    state = [n for name, n in owned if name in trained]
+    return Memory(FP32 * psi, FP32 * grads, opt.state_bytes(sum(state), len(state)))
 
 
 def owned_elements(params: Sequence[Param], world_size: int) -> list[int]:
@@ -190,7 +206,8 @@ def reference(
     optimizer updates, whatever its state."""
     width = PRECISIONS[precision]
     whole = shard = whole_pad = shard_pad = 0
-    groups = units(params)
+    frozen = sum(p.numel for p in params if not p.trainable)  # outside every group: whole on every rank
+    groups = units([p for p in params if p.trainable])
     for members in groups.values():
         numel = sum(p.numel for p in members)
         padded = -(-numel // world_size) * world_size
@@ -208,7 +225,7 @@ def reference(
         ("master", FP32 * shard_pad if master else 0),
     )
     optim = opt.state_bytes(shard, len(groups))
-    return Memory(width * params_elems, width * grads_elems, optim, master, padding)
+    return Memory(width * (params_elems + frozen), width * grads_elems, optim, master, padding)
 
 
 def fsdp1(
@@ -227,33 +244,43 @@ def fsdp1(
     state. With False it updates each unit's `FlatParameter` itself: one state per unit, over the whole flat
     shard, padding included, and the flat parameter is not aligned (`checks.models.flat_param`, rule 2)."""
     width = PRECISIONS[precision]
-    flat = pad = state = tensors = 0
+    flat = pad = state = tensors = grads = grads_pad = 0
     for members in units(params).values():
         lay = layout([p.numel for p in members], width, world_size, sharded=sharded, align=use_orig_params)
         if sharded:
             lo, hi = lay.shard_range(rank)
             held, real = hi - lo, sum(lay.in_shard(rank))
-            local = [k for k in lay.in_shard(rank) if k]
+            slices = lay.in_shard(rank)
         else:
             held, real = lay.padded_numel, sum(lay.numels)
-            local = list(lay.numels)
+            slices = list(lay.numels)
         flat, pad = flat + held, pad + held - real
+        if not any(p.grad for p in members):
+            continue  # no view got a gradient: the flat parameter has none, and nothing has state
+        grads, grads_pad = grads + held, grads_pad + held - real
+        # Every view of a flat gradient that requires one gets it, zeros where no input reached it
+        # (`_use_sharded_grad_views`); a frozen one gets None.
+        local = [k for k, p in zip(slices, members, strict=True) if k and p.trainable]
         if not use_orig_params:
             local = [held]  # the flat shard is the one tensor the optimizer sees
         state, tensors = state + sum(local), tensors + len(local)
     state_pad = 0 if use_orig_params else opt.element_bytes * pad
-    padding = (("params", FP32 * pad), ("grads", FP32 * pad), ("optim", state_pad), ("master", 0))
-    return Memory(FP32 * flat, FP32 * flat, opt.state_bytes(state, tensors), 0, padding)
+    padding = (("params", FP32 * pad), ("grads", FP32 * grads_pad), ("optim", state_pad), ("master", 0))
+    return Memory(FP32 * flat, FP32 * grads, opt.state_bytes(state, tensors), 0, padding)
 
 
 def fsdp2(params: Sequence[Param], world_size: int, rank: int, *, opt: Optimizer = OPTIMIZERS["adamw"]) -> Memory:
     """FSDP2: each parameter split on dim 0, every rank's chunk padded to ceil(d0 / N) rows (parameters and
-    gradients); the optimizer's state is the DTensor's local, unpadded rows; every parameter has a gradient."""
+    gradients); the optimizer's state is the DTensor's local, unpadded rows; a parameter that gets no gradient
+    has neither (FSDP2 reduce-scatters only the parameters that have one)."""
     padded = sum(padded_shard_numel(p.shape, world_size) for p in params)
     local = sum(local_numel(p.shape, world_size, rank) for p in params)
-    pad = FP32 * (padded - local)
-    padding = (("params", pad), ("grads", pad), ("optim", 0), ("master", 0))
-    return Memory(FP32 * padded, FP32 * padded, opt.state_bytes(local, len(params)), 0, padding)
+    trained = [p for p in params if p.grad]
+    grads = sum(padded_shard_numel(p.shape, world_size) for p in trained)
+    state = sum(local_numel(p.shape, world_size, rank) for p in trained)
+    pad, grads_pad = FP32 * (padded - local), FP32 * (grads - state)
+    padding = (("params", pad), ("grads", grads_pad), ("optim", 0), ("master", 0))
+    return Memory(FP32 * padded, FP32 * grads, opt.state_bytes(state, len(trained)), 0, padding)
 
 
 def textbook(stage: int, psi: int, world_size: int, precision: str = "fp32") -> dict[str, float]:

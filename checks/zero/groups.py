@@ -74,9 +74,12 @@ def module_groups(
 ) -> list[FlatGroup]:
     """One group per named submodule in ``names``, and one for every other parameter (the root), root first: the
     FSDP units of `checks.workloads.gpt`. A tied parameter belongs to its first owner only (``named_parameters``
-    yields it once), as FSDP1 flattens it once."""
+    yields it once), as FSDP1 flattens it once. A frozen parameter (``requires_grad=False``) is in no group: it
+    stays whole on every rank and is never reduced or updated, as DDP leaves it out of its buckets."""
     members: dict[str, list[tuple[str, nn.Parameter]]] = {root: [], **{n: [] for n in names}}
     for fqn, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
         owner = next((n for n in names if fqn.startswith(n + ".")), root)
         members[owner].append((fqn, param))
     return [

@@ -9,7 +9,11 @@ it reads them.
 - forward: a group's pre-forward hook gathers it; its forward hook frees it (FULL_SHARD's
   `_post_forward_reshard`), and registers a hook on each of the group's outputs that needs a gradient (a
   tensor, or the tensors of a tuple, list or dict) that gathers it again when the first of their gradients
-  arrives, the start of the group's backward (FSDP1's `_pre_backward_hook`, guide 07);
+  arrives, the start of the group's backward (FSDP1's `_pre_backward_hook`, guide 07). The hook runs once per
+  forward, as FSDP1's does (``_ran_pre_backward_hook``, reset by each forward's hook registration): an output
+  that is one of the group's inputs passed through (T5's blocks return the position bias they were given) gets
+  its whole gradient only after the blocks before it have run their backward, and gathering then would leave
+  the group unsharded;
 - backward: when the group's last gradient is in, reduce-scatter (ZeRO-2) and free the group's parameters (FSDP1's
   `_post_backward_hook` reshards there too);
 - the root group (everything outside the blocks: the embeddings, the last LayerNorm and the tied head) is used at
@@ -46,6 +50,7 @@ class Zero3(Zero2):
         root = [g for g in self.groups if g.name == "root"]  # `module_groups`' root, first when it has parameters
         self.root = root[0] if root else None
         self.blocks = [g for g in self.groups if g.name != "root"]  # forward order: the order `groups` names them
+        self.ran_pre_backward = [False] * len(self.blocks)
         if self.root is not None:
             model.register_forward_pre_hook(lambda module, args: self._gather(self.root))
         for i, group in enumerate(self.blocks):
@@ -90,13 +95,17 @@ class Zero3(Zero2):
             self._gather(self.blocks[i + 1], async_op=True)
 
     def _post_forward(self, i: int, output: Any) -> None:
+        self.ran_pre_backward[i] = False
         if torch.is_grad_enabled():
-            for tensor in tree_leaves(output):  # gathering twice is a no-op: the first gradient to arrive gathers
+            for tensor in tree_leaves(output):  # the first gradient to arrive gathers; the others return
                 if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
                     tensor.register_hook(lambda grad: self._pre_backward(i))
         self._free(self.blocks[i])
 
     def _pre_backward(self, i: int) -> None:
+        if self.ran_pre_backward[i]:
+            return
+        self.ran_pre_backward[i] = True
         self._gather(self.blocks[i])
         if self.prefetch and i > 0:
             self._gather(self.blocks[i - 1], async_op=True)

@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.text import Text
 
 from checks.inspect import compare, loading, policy
-from checks.inspect.predict import DDP, predict
+from checks.inspect.predict import DDP, Usage, predict
+from checks.inspect.reach import RankReach, Reach
 from checks.models import cost
 from checks.models.cost import STRATEGIES, Plan, PlanError
 from checks.models.zero_memory import OPTIMIZERS
@@ -59,6 +60,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--world-size", type=int, default=2, help="ranks (a run: 2 or 4)")
     parser.add_argument("--precision", default="fp32", help="fp32 (a run), or mixed with --meta")
     parser.add_argument("--optimizer", default="adamw", choices=sorted(OPTIMIZERS))
+    parser.add_argument("--find-unused-parameters", action="store_true", help="ddp and torch-zero: DDP's "
+                        "find_unused_parameters=True, for a model whose parameters may get no gradient")  # fmt: skip
     parser.add_argument("--meta", action="store_true", help="no run: what the models predict, then estimate's tables")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds the run may take (default 300)")
     parser.add_argument("--json", action="store_true", help="the report as JSON")
@@ -71,6 +74,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, console: Console) -> int:
     try:
         meta, shapes, buffers = _structure(args.model)
+        trainable = frozenset(clean(n) for n, p in meta.named_parameters() if p.requires_grad)
         spec = _policy(args.wrap, meta)
         tree = _tree(meta)
         from checks.workloads.wrap_policies import model_policy
@@ -79,14 +83,20 @@ def run(args: argparse.Namespace, console: Console) -> int:
         if args.meta:
             return _meta_report(args, console, tree, shapes, model_policy=model_policy(spec), strategy=strategy)
         _runnable(args, strategy, shapes, spec)
-        prediction = predict(tree, shapes, model_policy(spec), strategy=strategy, world_size=args.world_size,
-                             optimizer=args.optimizer, buffers=buffers)  # fmt: skip
+        static = Usage(trainable=trainable, find_unused_parameters=args.find_unused_parameters)
+
+        def prediction_for(usage: Usage) -> dict[str, Any]:
+            return predict(tree, shapes, model_policy(spec), strategy=strategy, world_size=args.world_size,
+                           optimizer=args.optimizer, buffers=buffers, usage=usage)  # fmt: skip
+
+        prediction_for(static)  # a model the models cannot take is refused before anything runs
     except (loading.LoadError, PlanError, ValueError) as exc:
         raise CommandProblem(str(exc)) from None
     if not 0 <= args.rank < args.world_size:
         raise CommandProblem(f"--rank {args.rank} is not one of the {args.world_size} ranks",
                              f"give a rank from 0 to {args.world_size - 1}")  # fmt: skip
     measured, captured = _measure(args, spec, strategy)
+    prediction = prediction_for(usage_of(measured[0]["reach"], static))
 
     rows = compare.report(prediction, measured, strategy=strategy, world_size=args.world_size, shapes=shapes,
                           buffers=buffers)  # fmt: skip
@@ -108,15 +118,20 @@ def _structure(spec: str) -> tuple[Any, dict[str, tuple[int, ...]], list[Any]]:
     from checks.models.ddp_buckets import Param
 
     build, _ = loading.factory(spec)
-    try:
-        model = loading.build_on_meta(spec, build)
-    except loading.LoadError:
-        model = loading.build_for_real(spec, build)  # its own error, if it raises here too
+    model = loading.build_on_meta_or_cpu(spec, build)
     shapes = {clean(n): tuple(p.shape) for n, p in model.named_parameters()}
     if not shapes:
         raise loading.LoadError(f"{spec} has no parameters: there is nothing to shard")
     buffers = [Param(b.numel(), b.element_size(), str(b.dtype).removeprefix("torch.")) for b in model.buffers()]
     return model, shapes, buffers
+
+
+def usage_of(reach: list[dict[str, list[str]]], static: Usage) -> Usage:
+    """What the unwrapped run every rank made first says the step does (`checks.inspect.reach`): a parameter
+    gets a gradient, and a module runs, when it does on some rank (the run refuses a unit some ranks skip)."""
+    gathered = Reach(tuple(RankReach.from_json(doc) for doc in reach), static.trainable or frozenset())
+    return Usage(static.trainable, gathered.anywhere("grads"), gathered.anywhere("ran"),
+                 gathered.anywhere("grad_output"), static.find_unused_parameters)  # fmt: skip
 
 
 def _policy(text: str, model: Any) -> dict[str, Any] | None:
@@ -140,6 +155,9 @@ def _runnable(args: argparse.Namespace, strategy: str, shapes: dict[str, tuple[i
               spec: dict[str, Any] | None) -> None:  # fmt: skip
     if args.input is None:
         raise ValueError("a run needs --input MODULE:CALLABLE (one batch for the model); --meta needs none")
+    if args.find_unused_parameters and strategy not in DDP:
+        raise ValueError(f"--find-unused-parameters is DDP's option; {strategy} has none: FSDP reduces a unit's "
+                         "gradient when its backward runs, used or not")  # fmt: skip
     if strategy in DDP and spec is not None:
         raise ValueError(f"--wrap {args.wrap} picks FSDP units, and {strategy} has none: DDP all-reduces gradient "
                          "buckets; drop --wrap, or pick an FSDP strategy")  # fmt: skip
@@ -161,8 +179,9 @@ def _measure(args: argparse.Namespace, spec: dict[str, Any] | None, strategy: st
 
     request = CheckRequest("checks.inspect.measure:measure", world_size=args.world_size, timeout=args.timeout,
                            capture="timeline" in args.view,
-                           kwargs={"model": args.model, "batch": args.input, "wrap": spec,
-                                   "strategy": strategy, "optimizer": args.optimizer})  # fmt: skip
+                           kwargs={"model": args.model, "batch": args.input, "wrap": spec, "strategy": strategy,
+                                   "optimizer": args.optimizer,
+                                   "find_unused_parameters": args.find_unused_parameters})  # fmt: skip
     manager = PoolManager(timeout=args.timeout)
     try:
         outcome = manager.run(request)
@@ -176,7 +195,11 @@ def _measure(args: argparse.Namespace, spec: dict[str, Any] | None, strategy: st
     return outcome.values(), [r.captured for r in outcome.results]
 
 
-INPUT_ERRORS = ("checks.inspect.measure.BatchRejected", "checks.inspect.loading.LoadError")
+INPUT_ERRORS = (
+    "checks.inspect.measure.BatchRejected",
+    "checks.inspect.measure.ModelRefused",
+    "checks.inspect.loading.LoadError",
+)
 
 
 def _meta_report(

@@ -407,7 +407,7 @@ def test_a_bucket_or_a_partition_off_by_one_parameter_is_a_difference() -> None:
     from checks.inspect.predict import ddp_buckets
 
     shapes = {"a": (4,), "b": (2,), "c": (3,)}
-    predicted = {"parameters": list(shapes), "sizes": [4, 2, 3], "buckets": ddp_buckets(shapes, [2, 1, 0])}
+    predicted = {"parameters": list(shapes), "sizes": [4, 2, 3], "buckets": ddp_buckets(shapes, [0, 1, 2], [2, 1, 0])}
     moved = {"ready": [2, 1, 0], "buckets": [[2, 1], [0]]}
     assert [r.item for r in compare.buckets(predicted, moved) if not r.agrees] == [
         "bucket 0", "bucket 1", "parameters in each bucket, in order"]  # fmt: skip
