@@ -3,6 +3,7 @@
 import pytest
 
 from checks.breakit.patches import replacing, returning, set_to, skipping, wrapping
+from checks.guides.g13_pass_through import pre_backward_every_time
 from checks.guides.g13_zero_stages import (
     EXTRA_TEMP_BYTES,
     adam_forgetting_amsgrad,
@@ -228,3 +229,29 @@ def test_flat_parameters_left_unsharded_after_backward_are_caught(broken) -> Non
     run = broken(returning(f"{RU}:_should_free_in_backward", False))
     assert (run.reason, run.details["impl"]) == ("unsharded-after-step", "shard-grad-op")
     assert run.details["observed"] > 0
+
+
+# -- a block that returns one of its inputs ---------------------------------------------------------------------------
+@pytest.mark.breaks("13-zero-stages", "zero3-pass-through")
+def test_a_pre_backward_that_gathers_at_every_output_gradient_is_caught(broken) -> None:
+    run = broken(replacing("checks.zero.zero3:Zero3._pre_backward", pre_backward_every_time))
+    assert run.reason == "collectives-differ"
+    # blocks.1 and blocks.2 are gathered again when the passed-through bias's gradient completes: 72 + 72
+    assert run.details["extra"] == [(("all_gather", "backward", 72), 2)]
+    assert run.details["lacking"] == []
+
+
+@pytest.mark.breaks("13-zero-stages", "zero3-pass-through")
+def test_a_zero3_that_never_frees_after_backward_is_caught(broken) -> None:
+    run = broken(skipping("checks.zero.zero3:Zero3._free"))
+    assert run.reason == "collectives-differ"
+    # a buffer never freed is never gathered again: every all-gather after the first of each group is missing
+    assert (("all_gather", "backward", 72), 2) in run.details["lacking"]
+
+
+@pytest.mark.breaks("13-zero-stages", "zero3-pass-through")
+def test_an_fsdp1_full_shard_that_keeps_its_blocks_after_forward_is_caught(broken) -> None:
+    run = broken(FULL_SHARD_KEEPS)
+    assert run.reason == "fsdp1-differs"
+    assert run.details["observed"] == {"forward": 4, "backward": 0}
+    assert run.details["expected"] == {"forward": 4, "backward": 3}
