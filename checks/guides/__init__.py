@@ -17,7 +17,7 @@ FSDP1's runtime:
 - `g09_no_shard_is_ddp`, `g10_no_sync_and_frozen_params`, `g11_final_callback_and_hybrid_shard` (packages);
 - `g12_flat_parameter` (package).
 
-Strategies side by side: `g13_zero_stages`, `g14_ring_all_reduce`, `g15_communication_volume`.
+Strategies side by side: `g13_zero_stages` (package), `g14_ring_all_reduce`, `g15_communication_volume`.
 
 FSDP2: `g22_fsdp2_step_map`, `g16_fsdp2_per_parameter_sharding`, `g17_fsdp2_prefetch`,
 `g18_fsdp2_reshard_and_gradients` (packages).

@@ -3,8 +3,7 @@
 import pytest
 
 from checks.breakit.patches import replacing, returning, set_to, skipping, wrapping
-from checks.guides.g13_pass_through import pre_backward_every_time
-from checks.guides.g13_zero_stages import (
+from checks.guides.g13_zero_stages.recipes import (
     EXTRA_TEMP_BYTES,
     adam_forgetting_amsgrad,
     adam_keeping_an_extra_buffer,
@@ -12,6 +11,7 @@ from checks.guides.g13_zero_stages import (
     drop_extra_temp,
     extra_temp_in_shard_grad_op,
     neighbours_range,
+    pre_backward_every_time,
     sgd_keeping_momentum_always,
 )
 from tests.break_it.conftest import named_rows, restated

@@ -214,7 +214,7 @@ def test_the_estimate_is_what_guide_13_measures_on_mini_gpt(pool) -> None:
     every implementation on mini_gpt tiny (N=2, fp32), and the command's per-module numbers are what it measured."""
     from checks.ranks.protocol import CheckRequest
 
-    result = pool.run(CheckRequest("checks.guides.g13_zero_stages:memory_per_rank", world_size=2))
+    result = pool.run(CheckRequest("checks.guides.g13_zero_stages.memory:memory_per_rank", world_size=2))
     measured = result.values()
     params = job_inputs.load_module("mini_gpt:tiny", None).params
     code, doc = run_json(["--model", "mini_gpt:tiny", "-n", "2"])

@@ -112,22 +112,3 @@ def _fsdp1_step(ctx: RankContext, x: torch.Tensor) -> Counter[tuple[str, str, in
         model(x).sum().backward()
     return Counter((c.op, "backward" if c.in_backward else "forward", c.numel) for c in comm
                    if c.op in ("all_gather", "reduce_scatter"))  # fmt: skip
-
-
-# -- break-it recipes -------------------------------------------------------------------------------------------------
-def pre_backward_every_time(original: Any) -> Any:
-    """`Zero3._pre_backward` without FSDP1's once-per-forward flag: every output gradient gathers again."""
-
-    def pre_backward(self: Any, i: int) -> None:
-        self._gather(self.blocks[i])
-
-    return pre_backward
-
-
-def no_pre_backward_gather(original: Any) -> Any:
-    """`Zero3._pre_backward` that never gathers: backward reads a freed buffer."""
-
-    def pre_backward(self: Any, i: int) -> None:
-        self.ran_pre_backward[i] = True
-
-    return pre_backward
