@@ -103,6 +103,7 @@ def step_sequence(
     forwards: int = 1,
     backwards: Sequence[Sequence[int]] | None = None,
     last_backward: Sequence[bool] | None = None,
+    output_units: Sequence[str] = (),
 ) -> list[str]:
     """The step's events, as ``unshard U``, ``prefetch U→T``, ``wait_unshard U``, ``free U``, ``pre_backward U``,
     ``post_backward U``, ``reduce_grad U``, ``root_pre_forward R`` and ``final_callback R``, for inner units run
@@ -118,7 +119,9 @@ def step_sequence(
     preceded by that unit, whose hook on the same tensor was registered first, so the default is then that unit.
     ``forwards``: whole forwards run before any backward; ``backwards``: the forwards (numbered from 1) each
     ``.backward()`` call covers, in call order (default: one backward over all); ``last_backward``: each one's
-    ``is_last_backward`` (default True for all, torch's default). See "Several forwards" in the module docstring."""
+    ``is_last_backward`` (default True for all, torch's default). See "Several forwards" in the module docstring.
+    ``output_units``: inner units whose output the root returns as it is (in post-forward order): their hooks on
+    that tensor were registered before the root's, so their pre-backwards run before the root's."""
     forward_targets = forward_targets or {}
     backward_targets = backward_targets or {}
     units = [root, *forward] if root_params else list(forward)
@@ -194,6 +197,9 @@ def step_sequence(
     for covered, is_last in zip(plan, last, strict=True):
         # autograd runs the graph built last first: the latest forward's uses, each in reverse post-forward order
         walk = [unit for number in sorted(covered, reverse=True) for unit in reversed(uses[number - 1])]
+        deferred: list[tuple[str, bool]] = []  # output units' post-backwards, run after the root's pre-backward
+        first = [u for u in output_units if u in walk] if walk and walk[0] == root else []
+        walk = [*first, *(u for u in walk if u not in first)]  # the output's first hooks are those units'
         last_use = {unit: i for i, unit in enumerate(walk)}
         for i, unit in enumerate(walk):
             explicit = backward_targets.get(unit, ())
@@ -208,8 +214,14 @@ def step_sequence(
                         unshard(post_forward[index - 1], issuer=unit)
             for target in explicit:  # the state's explicit targets, at every hook
                 unshard(target, issuer=unit)
-            if unit in from_autograd:  # gradients accumulate only after the last use in this backward
+            if unit in first and unit in from_autograd:
+                deferred.append((unit, last_use[unit] == i))
+            elif unit in from_autograd:  # gradients accumulate only after the last use in this backward
                 post_backward(unit, reduce=last_use[unit] == i)
+            if unit == root:
+                for waiting, reduce in reversed(deferred):
+                    post_backward(waiting, reduce=reduce)
+                deferred.clear()
         seq.append(f"final_callback {callback_state or (walk[0] if walk else root)}")
         for unit in units:
             if training[unit] != "post_backward":

@@ -18,7 +18,7 @@ record for a forward that may use a unit more than once; for distinct units it i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 POLICIES = ("BACKWARD_PRE", "BACKWARD_POST", None)
 
@@ -40,17 +40,37 @@ def forward_prefetches(recorded: Sequence[str], used: Sequence[str]) -> list[str
     return out
 
 
-def backward_sequence(post_forward: Sequence[str], policy: str | None, *, root_params: bool = True) -> list[str]:
+def backward_sequence(
+    post_forward: Sequence[str],
+    policy: str | None,
+    *,
+    root_params: bool = True,
+    parents: Mapping[str, str] | None = None,
+    output_units: Sequence[str] = (),
+) -> list[str]:
     """The backward's hooks and prefetches, as ``pre_backward U``, ``post_backward U`` and ``prefetch U→T``,
     for units listed in post-forward order with the root (which produces the output) last. ``root_params=False``:
     the root holds no parameter of its own, so it has no handle, is not in ``post_forward`` (every entry is an inner
-    unit, each with its own post-backward) and has no hook event."""
+    unit, each with its own post-backward) and has no hook event.
+
+    ``parents``: for a unit nested in another non-root unit, that unit (its nearest enclosing one). A unit's
+    post-backward fires when autograd runs the node that gathers its views' gradients, created by its unshard at
+    pre-forward: before anything of the units nested in it, so after all of them in backward (autograd runs the
+    ready node created last first). Its post-backward therefore waits for theirs, as the root's waits for all.
+    ``output_units``: inner units (in post-forward order) whose output the root returns as it is: their hooks on
+    that tensor were registered before the root's, so their pre-backwards run first, and their post-backwards
+    after the root's pre-backward."""
     if policy not in POLICIES:
         raise ValueError(f"unknown backward prefetch policy {policy!r}; one of {POLICIES}")
     if len(set(post_forward)) != len(post_forward):
         raise ValueError(f"a unit is used more than once in {list(post_forward)}: see backward_sequence_of_uses")
+    parents = dict(parents or {})
     *inner, root = post_forward if root_params else [*post_forward, None]
+    if unknown := [u for u in [*parents, *parents.values(), *output_units] if u not in inner]:
+        raise ValueError(f"parents and output_units name inner units only, not {unknown}")
     done: set[str] = set()
+    started: set[str] = set()
+    nested_left = {unit: sum(parents.get(u) == unit for u in inner) for unit in inner}
     seq: list[str] = []
 
     def prefetch(issuer: str) -> None:
@@ -59,15 +79,33 @@ def backward_sequence(post_forward: Sequence[str], policy: str | None, *, root_p
             done.add(post_forward[i - 1])
             seq.append(f"prefetch {issuer}→{post_forward[i - 1]}")
 
-    for unit in (root, *reversed(inner)) if root is not None else reversed(inner):
+    def pre_backward(unit: str) -> None:
         seq.append(f"pre_backward {unit}")
         done.add(unit)
+        started.add(unit)
         if policy == "BACKWARD_PRE":
             prefetch(unit)
-        if unit != root:
-            seq.append(f"post_backward {unit}")
-            if policy == "BACKWARD_POST":
-                prefetch(unit)
+
+    def post_backward(unit: str) -> None:
+        if nested_left[unit] or unit not in started:
+            return  # a unit nested in it has yet to finish, or its own backward has not begun
+        seq.append(f"post_backward {unit}")
+        if policy == "BACKWARD_POST":
+            prefetch(unit)
+        if (parent := parents.get(unit)) is not None:
+            nested_left[parent] -= 1
+            post_backward(parent)
+
+    for unit in output_units:
+        pre_backward(unit)
+    if root is not None:
+        pre_backward(root)
+    for unit in reversed(output_units):
+        post_backward(unit)
+    for unit in reversed(inner):
+        if unit not in started:
+            pre_backward(unit)
+            post_backward(unit)
     if root is not None:
         seq.append(f"post_backward {root}")
         if policy == "BACKWARD_POST":

@@ -20,6 +20,8 @@ One guide's model:
   (guide 20 and ``inspect``).
 - `tensor_parallel_block`: guide 21's pre-LN block under ``parallelize_module``, and under FSDP2 on a 2 × 2 mesh.
 - `pipeline_stages`: guide 21's eight layers cut into one pipeline stage per rank (GPipe or 1F1B).
+- `nested_units`: guide 06's units inside units (a parent with a projection of its own, two units in it).
+- `pass_through`: guide 13's T5-shaped blocks that return the bias they were given (and ``inspect``'s tests).
 
 May import: models, probes, ranks, zero.
 """

@@ -151,6 +151,21 @@ def test_the_model_catches_an_extra_prefetch_on_the_toy(broken) -> None:
     assert run.details["observed"][-1] == "prefetch root→1"
 
 
+@pytest.mark.breaks("06-backward-prefetch", "model-predicts-nested")
+def test_the_model_catches_prefetching_two_back_in_nested_units(broken) -> None:
+    run = broken(TWO_BACK)
+    assert (run.reason, run.details["mode"]) == ("sequence-differs", "BACKWARD_PRE")
+    assert run.details["observed"][1] == "prefetch root→outers.1.inner.1"
+
+
+@pytest.mark.breaks("06-backward-prefetch", "model-predicts-nested")
+def test_the_model_catches_a_missing_post_backward_prefetch_in_nested_units(broken) -> None:
+    run = broken(wrapping(f"{RU}:_post_backward_reshard", reshard_without_prefetch))
+    assert (run.reason, run.details["mode"]) == ("sequence-differs", "BACKWARD_POST")
+    assert "prefetch outers.1.inner.0→outers.0" in run.details["expected"]
+    assert "prefetch outers.1.inner.0→outers.0" not in run.details["observed"]
+
+
 @pytest.mark.breaks("06-backward-prefetch", "units-alive")
 def test_units_never_freed_in_backward_are_caught(broken) -> None:
     run = broken(returning(f"{RU}:_should_free_in_backward", False))

@@ -248,3 +248,15 @@ def test_every_unit_is_reduced_once_per_backward(n: int, forwards: int, setting:
 def test_a_backward_plan_the_model_cannot_take_is_refused(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         step_sequence(BLOCKS, ROOT, **kwargs)
+
+
+def test_a_unit_whose_output_the_root_returns_runs_its_pre_backward_before_the_roots() -> None:
+    from checks.models.fsdp2_prefetch import prefetches, step_sequence
+
+    seq = step_sequence(["0", "1"], "root", output_units=["1"])
+    backward = seq[seq.index("pre_backward 1") :]
+    assert backward[:5] == ["pre_backward 1", "unshard 1", "wait_unshard 1", "prefetch 1→0", "pre_backward root"]
+    assert backward.index("post_backward 1") > backward.index("pre_backward root")
+    # the root's candidate, unit 1, is unsharded already: the only backward prefetch is 1's
+    assert prefetches(seq, phase="backward") == ["1→0"]
+    assert prefetches(step_sequence(["0", "1"], "root"), phase="backward") == ["root→1", "1→0"]

@@ -214,3 +214,32 @@ def test_inputs_the_simple_models_cannot_take_are_refused() -> None:
         backward_sequence(["0", "1", "0", "root"], "BACKWARD_PRE")
     with pytest.raises(ValueError, match="not 'HYBRID_SHARD'"):
         forward_sequence("root", ["0"], "HYBRID_SHARD")
+
+
+NESTED = ("a.0", "a.1", "a", "b.0", "b", "root")  # a holds a.0 and a.1, b holds b.0, in post-forward order
+PARENTS = {"a.0": "a", "a.1": "a", "b.0": "b"}
+
+
+def test_a_parents_post_backward_waits_for_the_units_nested_in_it() -> None:
+    seq = backward_sequence(NESTED, None, parents=PARENTS)
+    assert seq == [
+        "pre_backward root", "pre_backward b", "pre_backward b.0", "post_backward b.0", "post_backward b",
+        "pre_backward a", "pre_backward a.1", "post_backward a.1", "pre_backward a.0", "post_backward a.0",
+        "post_backward a", "post_backward root",
+    ]  # fmt: skip
+    # without the nesting, each unit's post-backward would follow its own pre-backward
+    assert backward_sequence(NESTED, None)[:3] == ["pre_backward root", "pre_backward b", "post_backward b"]
+
+
+def test_a_parent_finishing_late_issues_its_backward_post_prefetch_late() -> None:
+    seq = backward_sequence(NESTED, "BACKWARD_POST", parents=PARENTS)
+    # b.0's post-backward prefetches a (before it in post-forward order); b's candidate, b.0, is done: none
+    assert seq[3:6] == ["post_backward b.0", "prefetch b.0→a", "post_backward b"]
+
+
+def test_a_unit_whose_output_the_root_returns_runs_its_pre_backward_first() -> None:
+    seq = backward_sequence(("0", "1", "root"), "BACKWARD_PRE", output_units=["1"])
+    assert seq == [
+        "pre_backward 1", "prefetch 1→0", "pre_backward root", "post_backward 1", "pre_backward 0",
+        "post_backward 0", "post_backward root",
+    ]  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from checks.guides.g06_backward_prefetch.backward_runs import (
     MODES,
+    PARENTS,
     POST_FORWARD,
     build,
     hook_sequence,
@@ -21,8 +22,8 @@ from checks.violation import Violation, require_equal
 
 def model_predicts_backward(ctx: RankContext, workload: str) -> dict[str, dict[str, list[str]]]:
     """For each mode, the backward's pre_backward / post_backward / prefetch sequence equals what the rule model
-    (`backward_sequence`) predicts from the workload's structural post-forward order; torch's own record of that
-    order is checked first, so the model's input is right."""
+    (`backward_sequence`) predicts from the workload's structural post-forward order (and, for nested units, which
+    unit encloses which); torch's own record of that order is checked first, so the model's input is right."""
     post_forward = POST_FORWARD[workload]
     out = {}
     for mode in MODES:
@@ -34,7 +35,7 @@ def model_predicts_backward(ctx: RankContext, workload: str) -> dict[str, dict[s
         with record_events(model) as events:
             loss.backward()
         observed = hook_sequence(events)
-        expected = backward_sequence(post_forward, mode)
+        expected = backward_sequence(post_forward, mode, parents=PARENTS.get(workload))
         what = f"{workload} {label(mode)}: backward hooks and prefetches"
         try:
             assert_sequence(observed, expected, what=what, reason="sequence-differs")
