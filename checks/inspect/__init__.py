@@ -2,7 +2,10 @@
 
 - `loading`: ``MODULE:CALLABLE`` to a factory, and a module built on the meta device (shared with ``estimate``);
 - `policy`: ``--wrap`` text to a policy description both the wrap model and torch read;
-- `predict`: what the torch-free models say one FSDP1 step does (torch-free);
+- `reach`: what the unwrapped model did on each rank (modules run, parameters that got a gradient), and which
+  strategies cannot take it (torch-free);
+- `sharing`: weights and modules two units share, and which strategies cannot take them (torch-free);
+- `predict`: what the torch-free models say one step does (torch-free);
 - `measure`: the same step run on the rank pool, measured by the probes (rank side);
 - `compare`: prediction against measurement, section by section.
 - `examples`: factories to point ``inspect`` at (mini_gpt, nn.Transformer, GPT-2, ResNet-18) and their batches.

@@ -16,6 +16,18 @@ from checks.naming import ROOT
 MEMORY = ("params", "grads", "optim")
 
 
+# What a differing row says is wrong, where the tool can tell. A model's prediction against torch's run cannot
+# tell which of the two is wrong; a gradient against DDP's values, measured independently, can.
+PREDICTION_OR_TORCH = "prediction or torch"  # the torch-free model and the measured run disagree
+STRATEGY = "strategy"  # the strategy's training differs from DDP's (gradients, which parameters have one)
+MEASUREMENT = "measurement"  # the tool's own reference (DDP against the ranks' local gradients) is off
+CULPRITS = {
+    PREDICTION_OR_TORCH: "the model's prediction and torch's run disagree: a finding about either",
+    STRATEGY: "the strategy trains differently from DDP: a finding about torch or the model under it",
+    MEASUREMENT: "the comparison's own reference is off: a finding about how inspect measured",
+}
+
+
 @dataclass(frozen=True)
 class Row:
     section: str
@@ -23,6 +35,7 @@ class Row:
     predicted: Any
     measured: Any
     note: str = ""
+    culprit: str = PREDICTION_OR_TORCH  # what differs when the row does (`CULPRITS`)
 
     @property
     def agrees(self) -> bool:
@@ -30,7 +43,8 @@ class Row:
 
     def as_json(self) -> dict[str, Any]:
         return {"section": self.section, "item": self.item, "predicted": self.predicted, "measured": self.measured,
-                "agrees": self.agrees, "note": self.note}  # fmt: skip
+                "agrees": self.agrees, "note": self.note,
+                **({} if self.agrees else {"differs": self.culprit})}  # fmt: skip
 
 
 def report(
@@ -51,7 +65,9 @@ def report(
         prediction = with_ready_order(dict(prediction), shapes, buffers, first["ready"])
 
     def repredict(order: list[str], mode: str) -> list[str]:
-        return prefetch_hooks(strategy, order, None if mode == "None" else mode, prediction["root_params"])
+        return prefetch_hooks(strategy, order, None if mode == "None" else mode, prediction["root_params"],
+                              parents=prediction.get("parents"),
+                              output_units=prediction.get("output_units", ()))  # fmt: skip
 
     sizes = dict(zip(prediction.get("parameters", ()), prediction.get("sizes", ()), strict=True))
     return [
@@ -171,27 +187,47 @@ def _pairs(hooks: Sequence[str]) -> str:
     return " ".join(found) if found else "none"
 
 
+SAME = "DDP's values, up to the order of fp32 sums"
+SHRINK = 2.0**-20  # float64 rounding is 2^-29 of fp32's: a summation-order difference shrinks at least this much
+
+
 def gradients(measured: Mapping[str, Any], world_size: int, sharded: str | None = "FSDP") -> list[Row]:
-    """The reduced gradients of the strategy inspected (``sharded``: FSDP, or DDP + ZeroRedundancyOptimizer;
-    None when it is DDP) and of DDP against the values they may take: every element one of the fp32 sums of the
-    ranks' own gradients (in any order and grouping) over N (`checks.inspect.measure.gradients_against_ddp`).
-    On two ranks there is one such sum, so the strategy's gradient is DDP's, bitwise; on four, the two
-    reductions may add in other orders, and the note says how far apart they are."""
+    """The reduced gradients of DDP and of the strategy inspected (``sharded``: FSDP, or DDP +
+    ZeroRedundancyOptimizer; None when it is DDP) against what they may be
+    (`checks.inspect.measure.gradients_against_ddp`). DDP's: every element one of the fp32 sums of the ranks' own
+    gradients (in any order and grouping) over N. The strategy's: DDP's values, bit for bit or up to the order
+    of fp32 additions. It is when every element is one of those sums, or when the rerun in float64 brings the two
+    at least 2^20 times closer (the rounding of float64 is 2^29 times smaller; different values do not move).
+    The note gives how far apart they are: elements, largest absolute and relative difference, ulps."""
     if measured["missing"]:
         return [Row("gradients", "parameters with a gradient", "the same on every side",
-                    f"not on every side: {', '.join(measured['missing'])}")]  # fmt: skip
+                    f"not on every side: {', '.join(measured['missing'])}", culprit=STRATEGY)]  # fmt: skip
     sums = measured["sums"]
     scope = f"{measured['elements']:,} elements, {sums} possible sum{'s' * (sums != 1)} each"
-    total, bitwise, worst = measured["parameters"], measured["bitwise"], measured["worst_ulps"]
-    apart = f"{bitwise} of {total} parameters bitwise equal to DDP's" + (
-        f"; worst {worst} ulps, in {measured['worst_parameter']}" if worst else "")  # fmt: skip
-    sides = ((("sharded", sharded),) if sharded else ()) + (("ddp", "DDP"),)
-    rows = [Row("gradients", f"{name}: elements not a sum of the ranks' gradients / N", 0, measured["outside"][key],
-                scope if key == "sharded" or world_size == 2 or not sharded else f"{scope}; {apart}")
-            for key, name in sides]  # fmt: skip
-    if world_size == 2 and sharded:  # one sum: the strategy's gradient is DDP's, bitwise
-        rows.append(Row("gradients", "parameters bitwise equal to DDP's", total, bitwise))
+    rows = [Row("gradients", "DDP: elements not a sum of the ranks' gradients / N", 0, measured["outside"]["ddp"],
+                scope, culprit=MEASUREMENT)]  # fmt: skip
+    if sharded:
+        verdict, note = _against_ddp(measured)
+        rows.append(Row("gradients", f"{sharded} against DDP", SAME, verdict, note, culprit=STRATEGY))
     return rows
+
+
+def _against_ddp(measured: Mapping[str, Any]) -> tuple[str, str]:
+    """The strategy's gradient against DDP's: `SAME` or ``different values``, and a note saying how far apart."""
+    apart = measured["apart"]
+    total, bitwise = measured["parameters"], measured["bitwise"]
+    if not apart["elements"]:
+        return SAME, f"bitwise: all {total} parameters"
+    size = (f"{apart['elements']:,} elements differ, in {total - bitwise} of {total} parameters; largest "
+            f"{apart['max_abs']:.2g}, in {apart['parameter']}; at most {apart['max_rel']:.2g} of a parameter's "
+            f"largest gradient (about {apart['ulps']:.3g} ulps of it)")  # fmt: skip
+    if measured["outside"]["sharded"] == 0:
+        return SAME, f"{size}; each one of the fp32 sums of the ranks' gradients / N"
+    in64 = apart["float64"]
+    if in64 is not None and in64 <= apart["max_abs"] * SHRINK:
+        return SAME, f"{size}; {in64:.2g} in float64: summation order"
+    where = "no float64 rerun" if in64 is None else f"{in64:.2g} in float64, as far apart"
+    return "different values", f"{size}; {where}"
 
 
 def buckets(predicted: Mapping[str, Any], measured: Mapping[str, Any]) -> list[Row]:

@@ -4,23 +4,31 @@ partition), what a rank holds after a step, the collectives of a steady step, ea
 hooks, and one step's gradients against DDP's. Nothing here predicts: `checks.inspect.predict` does, and
 `checks.inspect.compare` puts the two side by side.
 
-The batch comes from the input factory, called with no arguments under ``torch.manual_seed(97 * step + rank)``:
-every rank its own batch, the same on every run. It may return a tensor, a tuple of positional arguments or a
-dict of keyword arguments. The loss is the output's ``loss`` when it has one (a dict key or an attribute, as
-Hugging Face models return with ``labels``), else the sum of every floating-point tensor the model returns.
+First, every rank runs the plain model once on its batch and records what it reached (`reach_of`); the ranks
+gather that, and refuse together what the strategy cannot take (`checks.inspect.reach`), before any of the
+strategy's collectives.
+
+The batch comes from the input factory, called with no arguments under ``torch.manual_seed(97 * step + rank)``,
+and the forward runs on under that seed: every rank its own batch, the same on every run, and every forward of
+one step on one rank draws the same random numbers (dropout). It may return a tensor, a tuple of positional
+arguments or a dict of keyword arguments. The loss is the output's ``loss`` when it has one (a dict key or an
+attribute, as Hugging Face models return with ``labels``), else the sum of every floating-point tensor the model
+returns.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 from checks.guides.g06_backward_prefetch.backward_runs import HOOK_KINDS, recorded_post_forward
 from checks.inspect import loading
@@ -44,6 +52,7 @@ from checks.probes.grad_ready import ready_order, record_grad_ready
 from checks.probes.memory import snapshot
 from checks.probes.memory_series import record_memory_series
 from checks.ranks.context import RankContext
+from checks.violation import Violation
 from checks.workloads.data_parallel import make
 from checks.workloads.module_tree import classes_of, module_paths, tree_of
 from checks.workloads.wrap_policies import torch_policy
@@ -55,9 +64,10 @@ class BatchRejected(Exception):
     """The model raised on the input factory's batch: the message is the model's own error."""
 
 
-class ModelRefused(Exception):
-    """What the model did with its batch is something the strategy cannot take (`checks.inspect.reach`): the
-    message says what and what to do. Every rank raises it, from the same gathered facts."""
+class ModelRefused(Violation):
+    """What the model did with its batch is something the strategy cannot take (`checks.inspect.reach`): its
+    reason is the refusal's, the message says what and what to do. Every rank raises it, from the same gathered
+    facts."""
 
 
 def reach_of(model: nn.Module, forward_backward: Callable[[nn.Module], None]) -> RankReach:
@@ -65,12 +75,15 @@ def reach_of(model: nn.Module, forward_backward: Callable[[nn.Module], None]) ->
     parameters got one (`checks.inspect.reach`)."""
     ran: set[str] = set()
     grad_output: set[str] = set()
+    outputs: list[tuple[str, list[torch.Tensor]]] = []  # held until the root's output is known, so ids stay valid
 
     def record(path: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             ran.add(path)
-            if any(isinstance(t, torch.Tensor) and t.requires_grad for t in tree_leaves(output)):
+            tensors = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+            if tensors:
                 grad_output.add(path)
+                outputs.append((path, tensors))
 
         return hook
 
@@ -80,8 +93,27 @@ def reach_of(model: nn.Module, forward_backward: Callable[[nn.Module], None]) ->
     finally:
         for handle in handles:
             handle.remove()
+    final = {id(t) for path, tensors in outputs if path == "" for t in tensors}
+    returned_by = tuple(path for path, tensors in outputs if path and any(id(t) in final for t in tensors))
+    outputs.clear()
     grads = frozenset(clean(n) for n, p in model.named_parameters() if p.grad is not None)
-    return RankReach(frozenset(ran), frozenset(grad_output), grads)
+    return RankReach(frozenset(ran), frozenset(grad_output), grads, returned_by)
+
+
+def _fsdp1_grad_output(spec: str, build: Callable[[], Any], make_batch: Callable[[], Any], ctx: RankContext,
+                       units: dict[str, list[str]]) -> frozenset[str]:  # fmt: skip
+    """The modules whose output needs a gradient as FSDP1 runs them. With ``use_orig_params=True`` a unit's
+    parameters are, in forward, views of its flat parameter made ``requires_grad`` as the flat parameter is
+    (``_use_unsharded_views``: any of them trained), so a frozen parameter beside a trained one takes part in
+    autograd there: the plain model, with those parameters' flags set so, run once more."""
+    plain = loading.build_for_real(spec, build).to(ctx.device)
+    params = dict((clean(n), p) for n, p in plain.named_parameters())
+    for names in units.values():
+        if any(params[n].requires_grad for n in names if n in params):
+            for n in names:
+                if n in params:
+                    params[n].requires_grad_(True)
+    return reach_of(plain, lambda module: loss_of(forward(module, make_batch, ctx, 0)).backward()).grad_output
 
 
 def unit_params(spec: str, build: Callable[[], Any], wrap: dict[str, Any] | None,
@@ -102,13 +134,19 @@ def unit_params(spec: str, build: Callable[[], Any], wrap: dict[str, Any] | None
     return {u.path: [wm.join(u.path, name) for name, _ in u.params] for u in units.units}
 
 
-def forward(model: nn.Module, make_batch: Callable[[], Any], ctx: RankContext, step: int) -> Any:
+def forward(model: nn.Module, make_batch: Callable[[], Any], ctx: RankContext, step: int,
+            dtype: torch.dtype | None = None) -> Any:  # fmt: skip
     """``model``'s output on this rank's batch of ``step``: the batch and the forward both drawn under seed
     ``97 * step + rank``, so every forward of one step on one rank draws the same random numbers (dropout's
-    masks), whichever wrapper runs it; the seeded state is then dropped."""
+    masks), whichever wrapper runs it; the seeded state is then dropped. ``dtype``: the batch's floating-point
+    tensors cast to it (the float64 rerun)."""
     with torch.random.fork_rng(devices=[ctx.device] if ctx.device.type == "cuda" else []):
         torch.manual_seed(97 * step + ctx.rank)
-        return call(model, make_batch())
+        batch = make_batch()
+        if dtype is not None:
+            batch = tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
+                             batch)  # fmt: skip
+        return call(model, batch)
 
 
 def call(model: nn.Module, batch: Any) -> Any:
@@ -216,15 +254,17 @@ def measure(
         raise BatchRejected(f"{model} rejected the batch of {batch}: {type(exc).__name__}: {exc}") from exc
     trainable = frozenset(clean(n) for n, p in plain.named_parameters() if p.requires_grad)
     del plain
+    units = unit_params(model, build, wrap, strategy)
+    if strategy in FSDP1:
+        mine = replace(mine, grad_output=_fsdp1_grad_output(model, build, make_batch, ctx, units))
     everyone: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(everyone, mine.as_json())  # the same call on every rank: all refuse, or none
     reach = Reach(tuple(RankReach.from_json(doc) for doc in everyone), trainable)
-    if why := refusal(reach, strategy, unit_params(model, build, wrap, strategy),
-                      find_unused_parameters=find_unused_parameters):  # fmt: skip
-        raise ModelRefused(why)
+    if why := refusal(reach, strategy, units, find_unused_parameters=find_unused_parameters):
+        raise ModelRefused(why.reason, why.message)
 
-    def wrapped(mode: str | None = "BACKWARD_PRE") -> nn.Module:
-        fresh = loading.build_for_real(model, build)
+    def wrapped(mode: str | None = "BACKWARD_PRE", dtype: torch.dtype = torch.float32) -> nn.Module:
+        fresh = loading.build_for_real(model, build).to(dtype)
         if strategy in DDP:
             from checks.workloads.toy import wrap_ddp
 
@@ -251,8 +291,13 @@ def measure(
                                       "hooks": [e.describe() for e in events if e.kind in kinds]}  # fmt: skip
     fresh = [loading.build_for_real(model, build) for _ in range(2)]
     sharded = wrapped() if strategy != "ddp" else None  # DDP is the reference itself
+
+    def in_float64() -> tuple[nn.Module, Any]:
+        return loading.build_for_real(model, build).double(), wrapped(dtype=torch.float64)
+
     out["gradients"] = gradients_against_ddp(ctx, make_batch, local=fresh[0], reference=fresh[1], sharded=sharded,
-                                             reach=reach)  # fmt: skip
+                                             reach=reach,
+                                             float64=in_float64 if sharded is not None else None)  # fmt: skip
     out["reach"] = list(everyone)
     return out
 
@@ -282,8 +327,8 @@ def _reference(ctx: RankContext, spec: str, build: Callable[[], Any], make_batch
     from checks.workloads.wrap_policies import model_policy
     from checks.zero import STAGES
 
-    def engine() -> Any:
-        model = loading.build_for_real(spec, build).to(ctx.device)
+    def engine(dtype: torch.dtype = torch.float32) -> Any:
+        model = loading.build_for_real(spec, build).to(ctx.device, dtype)
         paths = group_paths(wm.wrap(tree_of(model), model_policy(wrap)))
         return STAGES[REFERENCE[strategy]](model, paths, make_optimizer=partial(make, optimizer, lr=LR))
 
@@ -299,8 +344,12 @@ def _reference(ctx: RankContext, spec: str, build: Callable[[], Any], make_batch
                               "padding": g.padded - g.numel} for g in first.groups}  # fmt: skip
     out["prefetch"] = {}
     fresh = [loading.build_for_real(spec, build) for _ in range(2)]
+
+    def in_float64() -> tuple[nn.Module, Any]:
+        return loading.build_for_real(spec, build).double(), engine(torch.float64)
+
     out["gradients"] = gradients_against_ddp(ctx, make_batch, local=fresh[0], reference=fresh[1], sharded=engine(),
-                                             reach=reach)  # fmt: skip
+                                             reach=reach, float64=in_float64)  # fmt: skip
     return out
 
 
@@ -451,7 +500,7 @@ def _partition(ddp: nn.Module, optim: torch.optim.Optimizer) -> list[list[str]] 
 
 def gradients_against_ddp(
     ctx: RankContext, make_batch: Callable[[], Any], *, local: nn.Module, reference: nn.Module,
-    sharded: nn.Module | None, reach: Reach,
+    sharded: nn.Module | None, reach: Reach, float64: Callable[[], tuple[nn.Module, Any]] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """One backward of the same weights and batches, three ways: unwrapped on each rank alone (``local``: the N
     terms of every reduced element), under DDP (``reference``) and under the strategy inspected (``sharded``; its
@@ -462,7 +511,12 @@ def gradients_against_ddp(
     zero term there, and a missing gradient compares as zeros: the collectives issued here are the same on every
     rank whatever each one reached. Reported: the elements of FSDP's and of DDP's gradient outside that set, the
     parameters bitwise equal between the two, the worst distance in ulps, and which trained parameter, reached
-    on some rank, has no gradient on a side (or which frozen one has one)."""
+    on some rank, has no gradient on a side (or which frozen one has one).
+
+    Where the strategy's gradient is not DDP's bit for bit: how far apart (the largest absolute and relative
+    difference, and ulps), and the same comparison rerun in float64 (``float64`` builds a fresh DDP reference
+    and strategy from the same weights in float64). Two fp32 results of the same sums added in other orders
+    differ by rounding, which float64 makes about 2^29 times smaller; different values stay as far apart."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from checks.numerics import pairwise_sums
@@ -496,7 +550,11 @@ def gradients_against_ddp(
             outside[label] = int((~inside).sum())
     distances = {n: _ulps(_or_zeros(grads.get(n), params[n]), _or_zeros(want.get(n), params[n])) for n in names}
     worst = max(distances, key=lambda n: distances[n]) if distances and sharded is not None else None
+    apart = _apart(grads, want, names, params) if sharded is not None and not missing else None
+    if apart is not None and apart["elements"] and float64 is not None:
+        apart["float64"] = _float64_apart(ctx, make_batch, float64, names, reach)
     return {
+        "apart": apart,
         "parameters": len(distances) if sharded is not None else 0,
         "elements": int(mine.numel()),
         "sums": len(allowed),
@@ -506,6 +564,45 @@ def gradients_against_ddp(
         "worst_parameter": worst if worst and distances[worst] else None,
         "missing": missing,
     }
+
+
+def _apart(grads: dict[str, torch.Tensor], want: dict[str, torch.Tensor], names: list[str],
+           params: dict[str, torch.Tensor]) -> dict[str, Any]:  # fmt: skip
+    """How far the strategy's gradient is from DDP's: differing elements, the largest absolute difference and
+    its parameter, and the largest difference relative to its parameter's largest DDP gradient, also in fp32
+    units in the last place of that largest gradient (a relative error that near-zero elements do not blow up)."""
+    elements, largest, relative, where = 0, 0.0, 0.0, None
+    for name in names:
+        a, b = _or_zeros(grads.get(name), params[name]).double(), _or_zeros(want.get(name), params[name]).double()
+        diff = (a - b).abs()
+        elements += int((diff > 0).sum())
+        if not diff.numel() or not float(diff.max()):
+            continue
+        if float(diff.max()) > largest:
+            largest, where = float(diff.max()), name
+        scale = float(b.abs().max())
+        relative = max(relative, float(diff.max()) / scale if scale else math.inf)
+    ulps = relative * 2**23 if math.isfinite(relative) else math.inf  # an fp32 ulp is 2^-23 of [2^e, 2^(e+1))
+    return {"elements": elements, "max_abs": largest, "max_rel": relative, "ulps": ulps, "parameter": where,
+            "float64": None}  # fmt: skip
+
+
+def _float64_apart(ctx: RankContext, make_batch: Callable[[], Any], build: Callable[[], tuple[nn.Module, Any]],
+                   names: list[str], reach: Reach) -> float:  # fmt: skip
+    """The largest absolute difference between the strategy's gradient and DDP's, both in float64 (every rank
+    runs this: the strategy's gradient is gathered with collectives)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    local, sharded = build()
+    ddp = DDP(local.to(ctx.device), find_unused_parameters=bool(reach.unreached()))
+    loss_of(forward(ddp, make_batch, ctx, 0, torch.float64)).backward()
+    want = {clean(n): p.grad for n, p in ddp.module.named_parameters() if p.grad is not None}
+    module = sharded if isinstance(sharded, nn.Module) else sharded.model
+    loss_of(forward(module, make_batch, ctx, 0, torch.float64)).backward()
+    grads = _whole_grads(sharded)
+    params = dict((clean(n), p) for n, p in ddp.module.named_parameters())
+    return max(float((_or_zeros(grads.get(n), params[n]) - _or_zeros(want.get(n), params[n])).abs().max())
+               for n in names)  # fmt: skip
 
 
 def _or_zeros(grad: torch.Tensor | None, param: torch.Tensor) -> torch.Tensor:

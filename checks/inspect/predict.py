@@ -62,6 +62,7 @@ class Usage:
     ran: frozenset[str] | None = None
     grad_output: frozenset[str] | None = None
     find_unused_parameters: bool = False
+    returned_by: tuple[str, ...] = ()  # modules whose output the model returns as it is, in forward order
 
     def is_trainable(self, name: str) -> bool:
         return self.trainable is None or name in self.trainable
@@ -130,14 +131,38 @@ def default_post_forward(wrap: wm.Wrap, usage: Usage = EVERYTHING) -> list[str]:
     return [u.name for u in wrap.units if u.name != ROOT and u.params and usage.runs(u.path)]
 
 
-def prefetch_hooks(strategy: str, order: Sequence[str], mode: str | None, root_params: bool) -> list[str]:
+def prefetch_hooks(
+    strategy: str,
+    order: Sequence[str],
+    mode: str | None,
+    root_params: bool,
+    *,
+    parents: Mapping[str, str] | None = None,
+    output_units: Sequence[str] = (),
+) -> list[str]:
     """FSDP1: the prefetch model's hooks for ``mode``; FSDP2: the implicit path's prefetches, as ``prefetch A→B``
-    events (`fsdp2_prefetch.step_sequence`), for inner units that end their forwards in ``order``."""
+    events (`fsdp2_prefetch.step_sequence`), for inner units that end their forwards in ``order``. ``parents``:
+    each nested unit's enclosing unit; ``output_units``: the units whose output the model returns as it is."""
+    output_units = [u for u in output_units if u in order]
     if strategy in FSDP2:
-        seq = fsdp2_prefetch.step_sequence(order, ROOT, reshard_after_forward=FSDP2[strategy], root_params=root_params)
+        seq = fsdp2_prefetch.step_sequence(order, ROOT, reshard_after_forward=FSDP2[strategy], root_params=root_params,
+                                           output_units=output_units)  # fmt: skip
         return [f"prefetch {pair}" for pair in fsdp2_prefetch.prefetches(seq, phase="backward")]
     hooks = [*order, ROOT] if root_params else list(order)
-    return prefetch.backward_sequence(hooks, mode, root_params=root_params)
+    parents = {u: p for u, p in (parents or {}).items() if u in order and p in order}
+    return prefetch.backward_sequence(hooks, mode, root_params=root_params, parents=parents,
+                                      output_units=output_units if root_params else ())  # fmt: skip
+
+
+def nesting(wrap: wm.Wrap) -> dict[str, str]:
+    """Each non-root unit nested in another non-root unit, and the nearest such unit."""
+    paths = [u.path for u in wrap.units if u.path]
+    out = {}
+    for path in paths:
+        enclosing = [p for p in paths if p != path and path.startswith(p + ".")]
+        if enclosing:
+            out[path] = max(enclosing, key=len)
+    return out
 
 
 def _fsdp1_layout(numels: Sequence[int], world_size: int, sharded: bool = True) -> dict[str, int]:
@@ -177,8 +202,14 @@ def fsdp_collectives(strategy: str, wrap: wm.Wrap, params: Sequence[Param], worl
     ops = [] if strategy == "no-shard" else [("all_gather", padded[n], "forward", n) for n in names]
     if strategy != "no-shard":
         freed = comm_volume.freed_after_forward(strategy, names, ROOT)
+        # A unit is unsharded in backward by its own pre-backward (only an output that needs a gradient gets the
+        # hook), or prefetched by the pre-backward of the unit after it in post-forward order (FSDP1's
+        # BACKWARD_PRE, FSDP2's implicit prefetch), which happens even to a unit whose own backward never runs.
+        sequence = [n for n in [*order, ROOT] if n in padded]
+        hooked = {n for n in sequence if n == ROOT or usage.needs_grad_output(paths[n])}
+        prefetched = {sequence[i - 1] for i, n in enumerate(sequence) if n in hooked and i > 0}
         ops += [("all_gather", padded[n], "backward", n) for n in backward
-                if n in freed and usage.needs_grad_output(paths[n])]  # fmt: skip
+                if n in freed and n in hooked | prefetched]  # fmt: skip
     kind = "all_reduce" if strategy == "no-shard" else "reduce_scatter"
     ops += [(kind, reduced[n], "backward", n) for n in backward if reduced[n]]
     return [{"op": op, "numel": numel, "phase": phase, "unit": unit} for op, numel, phase, unit in ops]
@@ -225,6 +256,9 @@ def predict(
     impl = "fsdp2" if strategy in FSDP2 else strategy
     memory = [per_rank(impl, params, world_size, rank, optim=optimizer).by_category() for rank in range(world_size)]
     collectives = fsdp_collectives(strategy, wrap, params, world_size, order=order, usage=usage)
+    parents = nesting(wrap)
+    unit_paths = {u.path for u in with_params if u.path}
+    output_units = [p for p in usage.returned_by if p in unit_paths]
     return {
         "units": units,
         "layout": layouts,
@@ -232,8 +266,13 @@ def predict(
         "collectives": collectives,
         "post_forward": order,
         "root_params": root_params,
+        "parents": parents,
+        "output_units": output_units,
         "modes": [str(m) for m in modes(strategy)],
-        "prefetch": {str(m): prefetch_hooks(strategy, order, m, root_params) for m in modes(strategy)},
+        "prefetch": {
+            str(m): prefetch_hooks(strategy, order, m, root_params, parents=parents, output_units=output_units)
+            for m in modes(strategy)
+        },
     }
 
 
@@ -339,6 +378,12 @@ def ddp(shapes: Mapping[str, tuple[int, ...]], buffers: Sequence[db.Param], *, s
     }
 
 
+class NestedGroups(ValueError):
+    """Units inside units, which the reference ZeRO stages do not take: a refusal, not bad input."""
+
+    reason = "nested-units-under-reference-zero"
+
+
 def group_paths(wrap: wm.Wrap) -> list[str]:
     """The submodules the reference ZeRO stages make groups of their own: the policy's units but the root, in
     construction order. Refused when one sits inside another: `checks.zero.groups.module_groups` gives each
@@ -347,8 +392,9 @@ def group_paths(wrap: wm.Wrap) -> list[str]:
     for inner in paths:
         for outer in paths:
             if inner != outer and inner.startswith(outer + "."):
-                raise ValueError(f"the reference ZeRO stages take groups that do not nest, and {inner} is inside "
-                                 f"{outer}: pick a --wrap whose units do not nest, or an FSDP strategy")  # fmt: skip
+                raise NestedGroups(f"the reference ZeRO stages take groups that do not nest, and {inner} is "
+                                   f"inside {outer}: pick a --wrap whose units do not nest, or an FSDP "
+                                   "strategy")  # fmt: skip
     return paths
 
 

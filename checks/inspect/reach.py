@@ -40,18 +40,21 @@ SHOWN = 4  # names listed in a message before "and N more"
 @dataclass(frozen=True)
 class RankReach:
     """One rank's forward and backward of the plain model: module paths that ran, those whose output needs a
-    gradient, and parameter names that got one."""
+    gradient, parameter names that got one, and the modules whose output the model returns unchanged."""
 
     ran: frozenset[str]
     grad_output: frozenset[str]
     grads: frozenset[str]
+    returned_by: tuple[str, ...] = ()  # modules whose output tensor the model returns as it is, in forward order
 
     def as_json(self) -> dict[str, list[str]]:
-        return {"ran": sorted(self.ran), "grad_output": sorted(self.grad_output), "grads": sorted(self.grads)}
+        return {"ran": sorted(self.ran), "grad_output": sorted(self.grad_output), "grads": sorted(self.grads),
+                "returned_by": list(self.returned_by)}  # fmt: skip
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Sequence[str]]) -> RankReach:
-        return cls(frozenset(doc["ran"]), frozenset(doc["grad_output"]), frozenset(doc["grads"]))
+        return cls(frozenset(doc["ran"]), frozenset(doc["grad_output"]), frozenset(doc["grads"]),
+                   tuple(doc.get("returned_by", ())))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -104,8 +107,17 @@ def owner(name: str, units: Sequence[str]) -> str:
     return best
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """Why a strategy cannot take the model: a stable kebab-case ``reason`` (tests and ``--json`` read it) and the
+    message for the user, with what to do."""
+
+    reason: str
+    message: str
+
+
 def refusal(reach: Reach, strategy: str, unit_params: Mapping[str, Sequence[str]], *,
-            find_unused_parameters: bool = False) -> str | None:  # fmt: skip
+            find_unused_parameters: bool = False) -> Refusal | None:  # fmt: skip
     """Why ``strategy`` cannot take this model and batch, in the user's terms with what to do, or None.
     ``unit_params``: each unit's path ("" the root) and the parameters it holds, by full name (FSDP's units, the
     reference stages' groups; empty under DDP)."""
@@ -114,34 +126,39 @@ def refusal(reach: Reach, strategy: str, unit_params: Mapping[str, Sequence[str]
         if unreached and not find_unused_parameters:
             per_rank = [(rank, sorted(reach.trainable - r.grads)) for rank, r in enumerate(reach.ranks)]
             where = "; ".join(f"rank {rank}: {names(missing)}" for rank, missing in per_rank if missing)
-            return (f"{len(unreached)} parameter(s) that require a gradient got none ({where}). DDP without "
-                    "find_unused_parameters waits for them and raises at the next forward: rerun with "
-                    "--find-unused-parameters, or freeze them (requires_grad_(False))")  # fmt: skip
+            return Refusal("no-gradient-under-ddp", f"{len(unreached)} parameter(s) that require a gradient got "
+                           f"none ({where}). DDP without find_unused_parameters waits for them and raises at the "
+                           "next forward: rerun with --find-unused-parameters, or freeze them "
+                           "(requires_grad_(False))")  # fmt: skip
         return None
     gathered = strategy in FSDP_STRATEGIES or strategy == "zero3"  # all-gathers a unit in its forward
     differing_runs = [path for path in reach.differing("ran") if path in unit_params and path != "" and gathered]
     if differing_runs:
         path = differing_runs[0]
-        return (f"unit {path} runs its forward on {_ranks(reach.where('ran', path))} and not on the others, so "
-                f"its all-gather would be issued on some ranks only: the collectives would pair with another "
-                f"unit's, or hang. Make the modules that only some ranks run part of a unit every rank runs "
-                f"(wrap their parent, not them), or run every one on every rank")  # fmt: skip
+        return Refusal("unit-runs-on-some-ranks", f"unit {path} runs its forward on "
+                       f"{_ranks(reach.where('ran', path))} and not on the others, so its all-gather would be "
+                       "issued on some ranks only: the collectives would pair with another unit's, or hang. Make "
+                       "the modules that only some ranks run part of a unit every rank runs (wrap their parent, "
+                       "not them), or run every one on every rank")  # fmt: skip
     if strategy in REFERENCE_STRATEGIES and unreached:
-        return (f"{len(unreached)} parameter(s) that require a gradient got none on some rank "
-                f"({names(unreached)}); the reference ZeRO stages reduce a group when all of its gradients are "
-                "in, so that group would never be reduced: freeze them, or inspect FSDP or DDP")  # fmt: skip
+        return Refusal("no-gradient-under-reference-zero", f"{len(unreached)} parameter(s) that require a "
+                       f"gradient got none on some rank ({names(unreached)}); the reference ZeRO stages reduce a "
+                       "group when all of its gradients are in, so that group would never be reduced: freeze "
+                       "them, or inspect FSDP or DDP")  # fmt: skip
     for path, params in unit_params.items():
         with_grad = [[p for p in params if p in r.grads] for r in reach.ranks]
         if strategy in FSDP_STRATEGIES[3:]:  # FSDP2: the set of parameters reduced must agree
             if any(g != with_grad[0] for g in with_grad):
                 odd = sorted(set().union(*map(set, with_grad)) - set.intersection(*map(set, with_grad)))
-                return (f"unit {path or ROOT}: {names(odd)} get a gradient on some ranks only, and FSDP2 "
-                        "reduce-scatters the parameters that have one, so the ranks' reduce-scatters would "
-                        "differ in size. Call set_reduce_scatter_unused_params(True) on the FSDP modules (it "
-                        "reduce-scatters zeros for them), or make every rank reach them")  # fmt: skip
+                return Refusal("gradient-on-some-ranks-fsdp2", f"unit {path or ROOT}: {names(odd)} get a "
+                               "gradient on some ranks only, and FSDP2 reduce-scatters the parameters that have "
+                               "one, so the ranks' reduce-scatters would differ in size. Call "
+                               "set_reduce_scatter_unused_params(True) on the FSDP modules (it reduce-scatters "
+                               "zeros for them), or make every rank reach them")  # fmt: skip
         elif any(bool(g) != bool(with_grad[0]) for g in with_grad):  # FSDP1: one flat gradient, or none
             has = [rank for rank, g in enumerate(with_grad) if g]
-            return (f"unit {path or ROOT} gets a gradient on {_ranks(has)} only, and FSDP1 reduce-scatters a "
-                    "unit's flat gradient only where it has one: the ranks' collectives would not match. "
-                    "Make every rank reach the unit, or wrap it with modules every rank uses")  # fmt: skip
+            return Refusal("gradient-on-some-ranks-fsdp1", f"unit {path or ROOT} gets a gradient on "
+                           f"{_ranks(has)} only, and FSDP1 reduce-scatters a unit's flat gradient only where it "
+                           "has one: the ranks' collectives would not match. Make every rank reach the unit, or "
+                           "wrap it with modules every rank uses")  # fmt: skip
     return None

@@ -85,13 +85,16 @@ class Param:
 @dataclass(frozen=True)
 class Module:
     """A module: its attribute name under its parent (``""`` for the root), its class name and its base classes'
-    names (``isinstance`` matches either), its own parameters and its children, in registration order."""
+    names (``isinstance`` matches either), its own parameters and its children, in registration order. A module
+    object registered under a second name appears there too, with ``alias_of`` its first path and its
+    parameters tied to the first registration's: ``modules()`` yields it once, so no policy sees the alias."""
 
     name: str
     type: str
     params: tuple[Param, ...] = ()
     children: tuple[Module, ...] = ()
     bases: tuple[str, ...] = ()
+    alias_of: str | None = None  # a module registered again: the path of its first registration
 
     def is_a(self, classes: Iterable[str]) -> bool:
         wanted = set(classes)
@@ -107,6 +110,15 @@ def walk(module: Module, path: str = "") -> Iterator[tuple[str, Module]]:
     yield path, module
     for child in module.children:
         yield from walk(child, join(path, child.name))
+
+
+def first_registrations(module: Module, path: str = "") -> Iterator[tuple[str, Module]]:
+    """`walk` without the subtrees of modules registered a second time (``root.modules()``, which dedups)."""
+    if module.alias_of is not None:
+        return
+    yield path, module
+    for child in module.children:
+        yield from first_registrations(child, join(path, child.name))
 
 
 def post_order(module: Module, path: str = "") -> Iterator[tuple[str, Module]]:
@@ -326,7 +338,7 @@ def _policy_targets(tree: Module, policy: ModuleWrap | Custom, ignore: Sequence[
     """A ``_Policy``'s targets with their kwargs, then in post-order (the order ``_post_order_apply`` builds them);
     the root is left out (``_construct_wrap_fn``)."""
     chosen: dict[str, Kwargs] = {}
-    for path, module in walk(tree):
+    for path, module in first_registrations(tree):
         if isinstance(policy, ModuleWrap):
             if module.is_a(policy.classes):
                 chosen[path] = ()
@@ -337,7 +349,7 @@ def _policy_targets(tree: Module, policy: ModuleWrap | Custom, ignore: Sequence[
                     chosen[path] = () if value is True else tuple(sorted(dict(value).items()))
                 break
     if ignore is not None:
-        for path, module in walk(tree):
+        for path, module in first_registrations(tree):
             if module.is_a(ignore):
                 chosen[path] = _with(chosen.get(path, ()), NO_MIXED_PRECISION)
     return {path: chosen[path] for path, _ in post_order(tree) if path in chosen and path != ""}
@@ -365,7 +377,7 @@ def _recursive_targets(tree: Module, policy: Callable_, regs: list[Registration]
         nonwrapped = count(path)
         if not decide(policy, path, module, True, nonwrapped):
             return 0
-        taken = sum(recurse(join(path, c.name), c, False) for c in module.children)
+        taken = sum(recurse(join(path, c.name), c, False) for c in module.children if c.alias_of is None)
         if only_children or not decide(policy, path, module, False, nonwrapped - taken):
             return taken
         built[path] = NO_MIXED_PRECISION if ignore is not None and module.is_a(ignore) else ()
@@ -455,12 +467,17 @@ def fsdp2_groups(tree: Module, calls: Sequence[str]) -> list[Group]:
     return groups
 
 
-def _managed(module: Module, path: str, sharded: set[str], top: bool = True) -> Iterator[str]:
-    """``_get_managed_modules``: the subtree in post-order, not entering a module an earlier call sharded."""
-    if not top and path in sharded:
+def _managed(module: Module, path: str, sharded: set[str], top: bool = True,
+             visited: set[str] | None = None) -> Iterator[str]:  # fmt: skip
+    """``_get_managed_modules``: the subtree in post-order, not entering a module an earlier call sharded, nor a
+    module object this call already met (a second registration: ``visited_modules``)."""
+    visited = set() if visited is None else visited
+    identity = module.alias_of or path  # one module object, whatever name it is met under
+    if not top and (identity in sharded or identity in visited):
         return
+    visited.add(identity)
     for child in module.children:
-        yield from _managed(child, join(path, child.name), sharded, top=False)
+        yield from _managed(child, join(path, child.name), sharded, top=False, visited=visited)
     yield path
 
 

@@ -11,14 +11,14 @@ from checks.models import wrap as wm
 
 def tree_of(model: nn.Module) -> wm.Module:
     """``model`` as the wrap model's input: each module's attribute name, class and base-class names, own
-    parameters (a tied one names the first registration of its tensor) and children, in registration order."""
+    parameters (a tied one names the first registration of its tensor) and children, in registration order; a
+    module registered twice says where it was first (``alias_of``), and so do its children."""
     first: dict[int, str] = {}
-    seen: set[int] = set()
+    seen: dict[int, str] = {}
 
     def node(name: str, module: nn.Module, prefix: str) -> wm.Module:
-        if id(module) in seen:
-            raise ValueError(f"{prefix} is a module registered twice: the wrap model does not take shared modules")
-        seen.add(id(module))
+        alias_of = seen.get(id(module))  # a module registered a second time: its parameters are ties
+        seen.setdefault(id(module), prefix)
         params = []
         for param_name, param in module._parameters.items():
             if param is None:
@@ -29,7 +29,7 @@ def tree_of(model: nn.Module) -> wm.Module:
         children = tuple(node(child_name, child, wm.join(prefix, child_name))
                          for child_name, child in module._modules.items() if child is not None)  # fmt: skip
         bases = tuple(base.__name__ for base in type(module).__mro__[1:] if base is not object)
-        return wm.Module(name, type(module).__name__, tuple(params), children, bases)
+        return wm.Module(name, type(module).__name__, tuple(params), children, bases, alias_of)
 
     return node("", model, "")
 

@@ -15,10 +15,11 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from checks.inspect import compare, loading, policy
+from checks.inspect import compare, loading, policy, sharing
 from checks.inspect.predict import DDP, Usage, predict
 from checks.inspect.reach import RankReach, Reach
 from checks.models import cost
+from checks.models import wrap as wrap_model
 from checks.models.cost import STRATEGIES, Plan, PlanError
 from checks.models.zero_memory import OPTIMIZERS
 from checks.naming import clean
@@ -42,9 +43,12 @@ full-shard, shard-grad-op or no-shard; FSDP2 (fully_shard on the modules the pol
 fsdp2-default, fsdp2-no-reshard; DDP for ddp, and with ZeroRedundancyOptimizer for torch-zero (no --wrap: DDP has
 no units); guide 13's reference ZeRO stages (checks/zero) for zero1, zero2, zero3, one group per unit the policy
 picks (units that do not nest). --meta predicts for every strategy estimate knows.
-exit: 0 every measured value is its prediction, 1 a difference (shown), 2 bad input"""
+exit: 0 every measured value is its prediction, 1 a difference (shown), 2 bad input, a model the strategy
+cannot take (refused before the run, with what to do), or a run that failed (the rank, what it raised)"""
 
 VIEWS = ("layout", "memory", "timeline")
+# Every forward of one step on one rank draws the same random numbers (`checks.inspect.measure.forward`)
+SEEDED = "each forward seeded by its rank and step (dropout draws the same masks under every strategy)"
 MAX_RUN_PARAMS = 50_000_000  # a run holds a few copies per rank, on this machine's CPU memory
 
 
@@ -72,6 +76,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 @guarded
 def run(args: argparse.Namespace, console: Console) -> int:
+    """The report; with ``--json`` a refusal or a failure is JSON too: the error, its fix and the exit code."""
+    try:
+        return _run(args, console)
+    except CommandProblem as problem:
+        if not args.json:
+            raise
+        what, *details = problem.message.split("\n")
+        doc = {"model": args.model, "error": what, "reason": getattr(problem, "reason", "") or "bad-input",
+               "details": "\n".join(details), "fix": problem.fix, "exit": problem.code}  # fmt: skip
+        console.print_json(json.dumps(doc))
+        return problem.code
+
+
+def _run(args: argparse.Namespace, console: Console) -> int:
     try:
         meta, shapes, buffers = _structure(args.model)
         trainable = frozenset(clean(n) for n, p in meta.named_parameters() if p.requires_grad)
@@ -90,7 +108,11 @@ def run(args: argparse.Namespace, console: Console) -> int:
                            optimizer=args.optimizer, buffers=buffers, usage=usage)  # fmt: skip
 
         prediction_for(static)  # a model the models cannot take is refused before anything runs
+        if why := sharing.refusal(tree, wrap_model.wrap(tree, model_policy(spec)), strategy):
+            raise Refused(why.message, why.reason)
     except (loading.LoadError, PlanError, ValueError) as exc:
+        if reason := getattr(exc, "reason", None):
+            raise Refused(str(exc), reason) from None
         raise CommandProblem(str(exc)) from None
     if not 0 <= args.rank < args.world_size:
         raise CommandProblem(f"--rank {args.rank} is not one of the {args.world_size} ranks",
@@ -102,7 +124,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
                           buffers=buffers)  # fmt: skip
     agree = all(row.agrees for row in rows)
     if args.json:
-        doc = {"model": args.model, "policy": policy.describe(spec), "strategy": strategy,
+        doc = {"model": args.model, "policy": policy.describe(spec), "strategy": strategy, "forwards": SEEDED,
                "world_size": args.world_size, "agree": agree, "rows": [r.as_json() for r in rows]}  # fmt: skip
         console.print_json(json.dumps(doc))
     else:
@@ -131,7 +153,8 @@ def usage_of(reach: list[dict[str, list[str]]], static: Usage) -> Usage:
     gets a gradient, and a module runs, when it does on some rank (the run refuses a unit some ranks skip)."""
     gathered = Reach(tuple(RankReach.from_json(doc) for doc in reach), static.trainable or frozenset())
     return Usage(static.trainable, gathered.anywhere("grads"), gathered.anywhere("ran"),
-                 gathered.anywhere("grad_output"), static.find_unused_parameters)  # fmt: skip
+                 gathered.anywhere("grad_output"), static.find_unused_parameters,
+                 gathered.ranks[0].returned_by)  # fmt: skip
 
 
 def _policy(text: str, model: Any) -> dict[str, Any] | None:
@@ -191,8 +214,41 @@ def _measure(args: argparse.Namespace, spec: dict[str, Any] | None, strategy: st
         raise CommandProblem(f"the rank pool cannot run here: {outcome.skipped}")
     if outcome.failure:
         own = [r for r in outcome.results if r.error_type in INPUT_ERRORS and r.message]
-        raise CommandProblem(own[0].message if own else outcome.failure)  # type: ignore[arg-type]
+        if own:
+            raise Refused(own[0].message, own[0].reason or "")  # type: ignore[arg-type]
+        raise rank_failure(outcome, args, strategy)
     return outcome.values(), [r.captured for r in outcome.results]
+
+
+class Refused(CommandProblem):
+    """A model the strategy cannot take, a batch it rejects, or a run that failed: exit 2 with a stable reason
+    (``--json`` gives it)."""
+
+    def __init__(self, message: str, reason: str = "", fix: str = "") -> None:
+        super().__init__(message, fix)
+        self.reason = reason
+
+
+def rank_failure(outcome: Any, args: argparse.Namespace, strategy: str) -> Refused:
+    """A run that failed for a reason no refusal foresaw: which rank, what it raised (or the signal it died of, or
+    that it hung), in one line; the ranks' own report as details; and what to try."""
+    failed = outcome.failed
+    first = failed[0] if failed else None
+    run = f"the {strategy} run of {args.model} on {args.world_size} ranks"
+    if first is None:
+        what = f"{run} failed"
+    elif first.signal:
+        what = f"{run}: rank {first.rank} died of {first.signal}"
+    elif first.error_type:
+        message = (first.message or "").strip().splitlines()
+        what = f"{run}: rank {first.rank} raised {first.error_type.removeprefix('builtins.')}" + (
+            f": {message[0]}" if message else "")  # fmt: skip
+    else:
+        what = f"{run}: rank {first.rank} gave no answer within {args.timeout:g} s (a collective some rank never "
+        what += "reached, or a step longer than --timeout)"
+    fix = ("torch or the model raised this under the strategy, not a prediction: run --strategy ddp to see whether "
+           "the model trains without units, --wrap none for one unit, or --meta for what needs no run")  # fmt: skip
+    return Refused(f"{what}\n{outcome.failure}", "run-failed", fix)
 
 
 INPUT_ERRORS = (
@@ -244,14 +300,15 @@ def _text(value: Any) -> str:
 def _print_rows(console: Console, args: argparse.Namespace, spec: dict[str, Any] | None, strategy: str,
                 rows: list[compare.Row]) -> None:  # fmt: skip
     console.print(Text.assemble(("inspect ", "bold"), f"{args.model}: {policy.describe(spec)}, {strategy}, "
-                                f"{args.world_size} ranks, fp32, {args.optimizer}"), soft_wrap=False)  # fmt: skip
+                                f"{args.world_size} ranks, fp32, {args.optimizer}; {SEEDED}"),
+                  soft_wrap=False)  # fmt: skip
     sections: dict[str, list[compare.Row]] = {}
     for row in rows:
         sections.setdefault(row.section, []).append(row)
     for section, members in sections.items():
         table_rows: list[list[str | Text]] = []
         for row in members:
-            verdict = Text("same", style="green") if row.agrees else Text("DIFFERS", style="bold red")
+            verdict = Text("same", style="green") if row.agrees else Text(f"DIFFERS ({row.culprit})", style="bold red")
             notes = [row.note] if any(r.note for r in members) else []
             table_rows.append([row.item, _text(row.predicted), _text(row.measured), verdict, *notes])
         long = any(len(_text(r.predicted)) > 24 for r in members)  # wrap long values, keep short rows one line
@@ -260,7 +317,10 @@ def _print_rows(console: Console, args: argparse.Namespace, spec: dict[str, Any]
         console.print(fit_table(console, section, columns, table_rows))
     differing = [r for r in rows if not r.agrees]
     if differing:
-        console.print(Text(f"{len(differing)} measured value(s) differ from the prediction: a finding about torch "
-                           "or about the models; see the rows marked DIFFERS", style="bold red"))  # fmt: skip
+        console.print(Text(f"{len(differing)} measured value(s) differ from the prediction (the rows marked "
+                           "DIFFERS):", style="bold red"))  # fmt: skip
+        for culprit, meaning in compare.CULPRITS.items():
+            if count := sum(r.culprit == culprit for r in differing):
+                console.print(Text(f"  {count} × {culprit}: {meaning}", style="red"))
     else:
         console.print(Text(f"all {len(rows)} measured values are their predictions", style="green"))

@@ -5,9 +5,10 @@
 - `experts` with `experts_batch` (every rank routes to experts 0 and 1, never to 2) and `experts_by_rank_batch`
   (rank r routes to expert r only): parameters that get no gradient;
 - `dropout`: ``nn.Dropout(0.1)`` between two Linear layers, on as in training;
-- `pass_through`: T5's shape, a block that computes a bias from its own parameter and blocks after it that
-  return that bias as they got it;
-- `parent_and_children`: a unit with parameters of its own whose children are units too (nested units);
+- `pass_through` (`checks.workloads.pass_through`): T5's shape, a block that computes a bias from its own
+  parameter and blocks after it that return that bias as they got it;
+- `parent_and_children` (`checks.workloads.nested_units`): a unit with parameters of its own whose children are
+  units too;
 - `tied_head`: an embedding and an output head sharing one weight, in the root or across units;
 - `two_names`: one Embedding registered under two attribute names (T5's ``shared`` and ``embed_tokens``);
 - `fan_out`: one hidden state read by two blocks, so its gradient is a sum whose order the wrapper may change.
@@ -19,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from checks.workloads.nested_units import parent_and_children  # noqa: F401  (guide 06 runs it too)
 from checks.workloads.pass_through import pass_through  # noqa: F401  (T5's shape; guide 13 runs it too)
 
 WIDTH = 8
@@ -122,36 +124,6 @@ class Inner(nn.Module):
         return torch.relu(self.fc(x))
 
 
-class Outer(nn.Module):
-    """A parent with a projection of its own run after its two `Inner` children: ``--wrap Outer,Inner`` nests."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.inner = nn.ModuleList(Inner() for _ in range(2))
-        self.proj = nn.Linear(WIDTH, WIDTH)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.inner:
-            x = layer(x)
-        return self.proj(x)
-
-
-class ParentAndChildren(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.outers = nn.ModuleList(Outer() for _ in range(2))
-        self.head = nn.Linear(WIDTH, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for outer in self.outers:
-            x = outer(x)
-        return self.head(x)
-
-
-def parent_and_children() -> nn.Module:
-    return ParentAndChildren()
-
-
 VOCAB = 16
 
 
@@ -196,20 +168,35 @@ def two_names() -> nn.Module:
     return TwoNames()
 
 
+class Decoder(nn.Module):
+    """A decoder block with cross-attention's shape: it reads its input, and the encoder's output twice (keys and
+    values)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(WIDTH, WIDTH)
+        self.key = nn.Linear(WIDTH, WIDTH)
+        self.value = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, y: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.fc(y) + self.key(memory) * self.value(memory))
+
+
 class FanOut(nn.Module):
-    """An encoder whose output two decoder blocks both read (T5's cross-attention): the encoder output's gradient
-    is the sum of the two blocks', added in whatever order autograd meets them."""
+    """An encoder whose output three decoder blocks read twice each (T5's cross-attention): the encoder output's
+    gradient is a sum of six terms. Under FSDP2 each block's two are added first (its inputs pass through one
+    autograd node of FSDP2's), so the six are grouped otherwise than in DDP's backward."""
 
     def __init__(self) -> None:
         super().__init__()
         self.encoder = Inner()
-        self.decoders = nn.ModuleList(Inner() for _ in range(2))
+        self.decoders = nn.ModuleList(Decoder() for _ in range(3))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         memory = self.encoder(x)
         y = x
         for decoder in self.decoders:
-            y = decoder(y * memory)
+            y = decoder(y, memory)
         return y
 
 
