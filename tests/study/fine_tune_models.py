@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from checks.workloads.nested_units import parent_and_children  # noqa: F401  (guide 06 runs it too)
+from checks.workloads.nested_units import Inner, parent_and_children  # noqa: F401  (guide 06 runs it too)
 from checks.workloads.pass_through import pass_through  # noqa: F401  (T5's shape; guide 13 runs it too)
 
 WIDTH = 8
@@ -113,15 +113,6 @@ def experts_by_rank_batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 def dropout() -> nn.Module:
     return nn.Sequential(nn.Linear(WIDTH, 16), nn.Dropout(0.1), nn.ReLU(), nn.Linear(16, 2))
-
-
-class Inner(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(WIDTH, WIDTH)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.fc(x))
 
 
 VOCAB = 16

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,9 +15,9 @@ import psutil
 import pytest
 
 from checks.inspect import compare, policy
-from checks.ranks import zygote as zygotes
 from reader.commands import inspect as inspect_command
 from reader.commands.app import make_console
+from tests.study.hugging_face import offline
 
 EXAMPLES = "checks.inspect.examples"
 FACTORIES = "tests.study.inspect_factories"
@@ -44,18 +43,8 @@ HUGGING_FACE_MODULES = ("transformers", "transformers.models.gpt2.modeling_gpt2"
 
 @pytest.fixture(scope="module")
 def hugging_face() -> Iterator[None]:
-    """Transformers offline, imported once by the zygote the ranks fork from rather than by every rank."""
-    pytest.importorskip("transformers", reason="the models extra is not installed: pip install '.[models]'")
-    kept = os.environ.get("HF_HUB_OFFLINE")
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    try:
-        with zygotes.preloading(*HUGGING_FACE_MODULES):
-            yield
-    finally:
-        if kept is None:
-            del os.environ["HF_HUB_OFFLINE"]
-        else:
-            os.environ["HF_HUB_OFFLINE"] = kept
+    with offline(*HUGGING_FACE_MODULES):
+        yield
 
 
 FSDP_SECTIONS = {"units", "layout", "memory", "collectives", "prefetch", "gradients"}

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import pytest
 
 from checks.inspect.predict import MEASURED
-from checks.ranks import zygote as zygotes
 from reader.commands import inspect as inspect_command
 from reader.commands.app import make_console
+from tests.study.hugging_face import offline
 
 MODELS = "tests.study.fine_tune_models"
 HF = "tests.study.hugging_face_models"
@@ -151,19 +151,8 @@ HF_MODULES = ("transformers", "transformers.models.bert.modeling_bert", "transfo
 
 @pytest.fixture(scope="module")
 def hugging_face() -> Iterator[None]:
-    pytest.importorskip("transformers", reason="the models extra is not installed: pip install '.[models]'")
-    import os
-
-    kept = os.environ.get("HF_HUB_OFFLINE")
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    try:
-        with zygotes.preloading(*HF_MODULES):
-            yield
-    finally:
-        if kept is None:
-            del os.environ["HF_HUB_OFFLINE"]
-        else:
-            os.environ["HF_HUB_OFFLINE"] = kept
+    with offline(*HF_MODULES):
+        yield
 
 
 def hf(model: str, batch: str, wrap: str, *extra: str) -> Case:
