@@ -102,10 +102,10 @@ def reach_of(model: nn.Module, forward_backward: Callable[[nn.Module], None]) ->
 
 def _fsdp1_grad_output(spec: str, build: Callable[[], Any], make_batch: Callable[[], Any], ctx: RankContext,
                        units: dict[str, list[str]]) -> frozenset[str]:  # fmt: skip
-    """The modules whose output needs a gradient as FSDP1 runs them. With ``use_orig_params=True`` a unit's
-    parameters are, in forward, views of its flat parameter made ``requires_grad`` as the flat parameter is
-    (``_use_unsharded_views``: any of them trained), so a frozen parameter beside a trained one takes part in
-    autograd there: the plain model, with those parameters' flags set so, run once more."""
+    """The modules whose output needs a gradient as FSDP1 runs them. In forward a unit's parameters are plain
+    views of its flat parameter (``_use_unsharded_views(as_params=False)``), which need a gradient when the flat
+    parameter does, that is when any of them is trained: a frozen parameter beside a trained one takes part in
+    autograd there. So: the plain model once more, with those parameters' flags set so."""
     plain = loading.build_for_real(spec, build).to(ctx.device)
     params = dict((clean(n), p) for n, p in plain.named_parameters())
     for names in units.values():
