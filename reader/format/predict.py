@@ -4,7 +4,7 @@ The fence holds TOML::
 
     ```predict reversed-order
     question = "Iteration 2 runs the blocks in reverse. Which prefetches does its forward issue?"
-    kind = "order"                      # number | order | choice | text
+    kind = "set"                        # number | order | set | choice | text
     answer = ["root -> blocks.0"]       # the guide's answer, in the kind's shape
     claim = "stale-order-after-change"  # the claim whose run reveals it
     observe = "prefetched"              # where in the claim's returned value (rank 0's) the answer shows
@@ -16,7 +16,8 @@ The fence holds TOML::
 torch did. Without it the question is tied to the claim's outcome only (its check passing is the reveal).
 ``show`` is a path whose value is revealed but not compared (``.`` for the whole value), for an answer that is
 not itself a value (a choice about *when*, a sentence). ``choices`` (a list) goes with ``kind = "choice"``;
-``tolerance`` (absolute) may go with ``kind = "number"``.
+``tolerance`` (absolute) may go with ``kind = "number"``. ``order`` is a list whose order is part of the answer
+(one value per rank, per output); ``set`` is a list in any order (which units, which prefetches).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from typing import Any
 from reader.format.body import BodyContext, Fence, register_body_parser
 from reader.format.errors import did_you_mean
 
-KINDS = ("number", "order", "choice", "text")
+KINDS = ("number", "order", "set", "choice", "text")
+LISTS = ("order", "set")  # kinds whose answer is a list of items
 ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 KEYS = ("question", "kind", "answer", "claim", "observe", "show", "explain", "choices", "tolerance")
 EXAMPLE = (
@@ -134,7 +136,8 @@ def _question(
 
 _ANSWER_FIX = {
     "number": "write a number: `answer = 3528`",
-    "order": 'write a list of strings: `answer = ["root -> blocks.0", "blocks.0 -> blocks.1"]`',
+    "order": 'write a list of strings: `answer = ["3x2", "3x2", "0x2"]`',
+    "set": 'write a list of strings: `answer = ["root -> blocks.0", "blocks.0 -> blocks.1"]`',
     "choice": 'add `choices = ["...", "..."]` and make `answer` one of them',
     "text": 'write a string: `answer = "..."`',
 }
@@ -143,7 +146,7 @@ _ANSWER_FIX = {
 def _answer_fits(kind: str, answer: Any, choices: Any) -> bool:
     if kind == "number":
         return type(answer) in (int, float)
-    if kind == "order":
+    if kind in LISTS:
         return isinstance(answer, list) and all(isinstance(a, str) for a in answer)
     if kind == "choice":
         ok = isinstance(choices, list) and len(choices) >= 2 and all(isinstance(c, str) for c in choices)
@@ -196,7 +199,8 @@ UNIT_SCALE = {
     "": 1, "b": 1, "byte": 1, "bytes": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20,
     "gib": 2**30, "element": 1, "elements": 1, "elems": 1, "params": 1, "parameters": 1, "x": 1, "×": 1,
 }  # fmt: skip
-NUMBER = re.compile(r"^(?P<value>[+-]?(?:\d[\d,_ ' \u2009\u202f]*)?(?:\.\d+)?(?:e[+-]?\d+)?)\s*(?P<unit>[a-z×]*)$")
+NUMBER = re.compile(r"^(?P<value>[+-]?(?:\d[\d,_ ' \u2009\u202f]*)?(?:\.\d+)?(?:e[+-]?\d+)?)\s*(?P<unit>[a-z×_-]*)$")
+NONE = ("none", "no", "nothing")  # a count of zero, typed as a word
 
 
 def normal(text: Any) -> str:
@@ -206,20 +210,38 @@ def normal(text: Any) -> str:
     return ARROWS.sub(" -> ", " ".join(folded.split())).strip()
 
 
-def parse_number(text: str) -> float | None:
+def parse_number(text: str, nouns: frozenset[str] = frozenset()) -> float | None:
     """A typed number: digit separators (``206,352``, ``206_352``, ``206 352``), a unit (``206352 bytes``,
-    ``201.5 KiB``), or a small number word (``zero`` … ``twenty``); None when it is not a number."""
-    cleaned = text.strip().casefold()
-    if cleaned in NUMBER_WORDS:
-        return float(NUMBER_WORDS.index(cleaned))
+    ``201.5 KiB``) or a noun of the question's own (``4 all-gathers`` where it asks how many all-gathers: ``nouns``,
+    singular or plural), a small number word (``zero`` … ``twenty``, ``seven all-gathers``), or ``none`` for 0;
+    None when it is not a number."""
+    cleaned = " ".join(text.strip().casefold().split())
+    head, _, noun = cleaned.partition(" ")
+    if head in NUMBER_WORDS and (not noun or _is_noun(noun, nouns)):
+        return float(NUMBER_WORDS.index(head))
+    if cleaned in NONE:
+        return 0.0
     found = NUMBER.match(cleaned)
-    if found is None or not any(c.isdigit() for c in found["value"]) or found["unit"] not in UNIT_SCALE:
+    if found is None or not any(c.isdigit() for c in found["value"]):
+        return None
+    unit = found["unit"]
+    if unit not in UNIT_SCALE and not _is_noun(unit, nouns):
         return None
     digits = re.sub(r"[,_ ' \u2009\u202f]", "", found["value"])
     try:
-        return float(digits) * UNIT_SCALE[found["unit"]]
+        return float(digits) * UNIT_SCALE.get(unit, 1)
     except ValueError:
         return None
+
+
+def _is_noun(word: str, nouns: frozenset[str]) -> bool:
+    return word.removesuffix("s") in nouns or word in nouns
+
+
+def question_nouns(question: PredictQuestion) -> frozenset[str]:
+    """The words of a question that may follow a typed number (``all-gathers``, ``units``), each also singular."""
+    words = re.findall(r"[a-z][a-z_-]*[a-z]", question.question.casefold())
+    return frozenset(words) | frozenset(w.removesuffix("s") for w in words)
 
 
 def agrees(question: PredictQuestion, value: Any) -> bool:
@@ -229,22 +251,48 @@ def agrees(question: PredictQuestion, value: Any) -> bool:
             return math.isclose(float(value), float(question.answer), rel_tol=0, abs_tol=question.tolerance)
         except (TypeError, ValueError):
             return False
-    if question.kind == "order":
-        return isinstance(value, list | tuple) and [normal(v) for v in value] == [normal(a) for a in question.answer]
+    if question.kind in LISTS:
+        if not isinstance(value, list | tuple):
+            return False
+        typed, wanted = [normal(v) for v in value], [normal(a) for a in question.answer]
+        return typed == wanted if question.kind == "order" else sorted(typed) == sorted(wanted)
     if question.kind == "choice":
         return normal(value) == normal(question.answer)
     return False  # text answers are read, not compared
 
 
+def item_shape(question: PredictQuestion) -> str:
+    """How the answer key's items look, which says how a typed list splits: ``pairs`` (each ``a -> b``),
+    ``phrases`` (words with spaces) or ``names`` (one token each: units, shapes, numbers)."""
+    items = [normal(a) for a in question.answer]
+    if items and all(item.count(" -> ") == 1 for item in items):
+        return "pairs"
+    return "phrases" if any(" " in item for item in items) else "names"
+
+
+def split_items(question: PredictQuestion, text: str) -> list[str]:
+    """A typed list split as the answer key's items read (`item_shape`): names on commas, semicolons, white space
+    or arrows (``root blocks.1``, ``root, blocks.1``, ``root -> blocks.1``); pairs on commas, semicolons or
+    white space between pairs (``root->blocks.0 blocks.0 -> blocks.1``); phrases on commas, semicolons or new
+    lines only."""
+    shape = item_shape(question)
+    if shape == "phrases":
+        return [item.strip() for item in re.split(r"[,;\n]", text) if item.strip()]
+    tight = ARROWS.sub("->", text.strip())  # an arrow binds the two names around it
+    if shape == "pairs":
+        return [item.replace("->", " -> ") for item in re.split(r"[,;\s]+", tight) if item]
+    return [item for item in re.split(r"[,;\s]+|->", tight) if item]
+
+
 def parse_answer(question: PredictQuestion, text: str) -> Any:
     """A learner's typed answer in the question's shape: a number (see `parse_number`; None when it is not one);
-    an order as items separated by commas, semicolons or new lines; a choice by its text or its letter (a, b, ...);
-    None for a choice that is neither."""
+    a list as `split_items` splits it; a choice by its text or its letter (a, b, ...); None for a choice that is
+    neither."""
     text = text.strip()
     if question.kind == "number":
-        return parse_number(text)
-    if question.kind == "order":
-        return [item.strip() for item in re.split(r"[,;\n]", text) if item.strip()]
+        return parse_number(text, question_nouns(question))
+    if question.kind in LISTS:
+        return split_items(question, text)
     if question.kind == "choice":
         letters = {chr(ord("a") + i): choice for i, choice in enumerate(question.choices)}
         picked = letters.get(text.casefold().rstrip(")."))
@@ -263,6 +311,14 @@ def invalid(question: PredictQuestion, text: str) -> str | None:
     if question.kind == "choice" and parse_answer(question, text) is None:
         letters = ", ".join(chr(ord("a") + i) for i in range(len(question.choices)))
         return f"one of the letters {letters}, or a choice's text"
+    phrases = question.kind in LISTS and item_shape(question) == "phrases" and len(question.answer) > 1
+    if phrases and len(split_items(question, text)) == 1:
+        return "these items have spaces in them: separate them with commas"
+    if question.kind in LISTS and item_shape(question) == "pairs":
+        loose = [item for item in split_items(question, text) if item.count(" -> ") != 1 or item.startswith(" ")
+                 or item.endswith(" ")]  # fmt: skip
+        if loose:
+            return f"each item is a pair, issuer -> target, not {loose[0].strip()!r}; separate pairs with commas"
     return None
 
 

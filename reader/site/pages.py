@@ -16,7 +16,7 @@ from markupsafe import Markup
 from reader.claims.pictures import Pictures
 from reader.claims.status import Status
 from reader.format.guide import ClaimSpec, ExpectBlock, Guide, Prose, SourceBlock, block_reference
-from reader.format.predict import PredictQuestion
+from reader.format.predict import LISTS, PredictQuestion
 from reader.gate.workspace import Workspace
 from reader.site.code import highlighted_lines
 from reader.site.markdown import Prose as ProseRenderer
@@ -86,7 +86,7 @@ def _expect_html(guide: Guide, block: ExpectBlock) -> str:
 
 
 def _predict_html(guide: Guide, question: PredictQuestion) -> str:
-    answer = ", ".join(question.answer) if question.kind == "order" else str(question.answer)
+    answer = ", ".join(question.answer) if question.kind in LISTS else str(question.answer)
     return ENV.get_template("predict.html").render(
         q=question,
         question=Markup(sentence(question.question)),

@@ -17,6 +17,7 @@ from rich.text import Text
 from reader.format.errors import CommandProblem
 from reader.format.guide import Guide
 from reader.format.predict import (
+    LISTS,
     NotObserved,
     PredictQuestion,
     agrees,
@@ -28,7 +29,7 @@ from reader.format.predict import (
 from reader.study.answers import Check, EndOfInput, prompt, read_answers, stopped
 from reader.study.runner import FAILED, ClaimRunner, claim_runner, one_guide, open_scores, pool_options
 from reader.study.session import CLEAN
-from reader.views.path import print_next
+from reader.views.path import print_read_next
 from reader.views.problem import guarded
 
 EXAMPLES = """examples:
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     kept = f"{len(reveals)} of {len(questions)} questions answered; their scores are kept"
     if ended is not None:
         return stopped(console, ended, kept)
-    print_next(console, args.readings, guide.id, session.guide_ids)
+    print_read_next(console, guide.id)
     return FAILED if any(r.failure for r in reveals) else CLEAN
 
 
@@ -104,7 +105,8 @@ def _ask(question: PredictQuestion, number: int, total: int) -> Panel:
     parts += [Text(f"  {chr(ord('a') + i)}) {choice}") for i, choice in enumerate(question.choices)]
     hint = {
         "number": "a number (3528, 3,528 or 206352 bytes)",
-        "order": "items separated by commas (-> or → for an arrow)",
+        "order": "the items in order, separated by commas or spaces",
+        "set": "the items in any order, separated by commas or spaces",
         "choice": "a letter or the choice",
     }
     parts.append(Text(f"answer with {hint.get(question.kind, 'a sentence')}", style="dim"))
@@ -141,18 +143,18 @@ def _same(question: PredictQuestion, parsed: Any, seen: Any) -> bool:
 
 def _revealed(reveal: Reveal) -> Table:
     question = reveal.question
-    guide_answer = ", ".join(question.answer) if question.kind == "order" else str(question.answer)
+    guide_answer = ", ".join(question.answer) if question.kind in LISTS else str(question.answer)
     shown = ", ".join(map(str, reveal.observed)) if isinstance(reveal.observed, list) else str(reveal.observed)
     verdict = {True: ("right", "green"), False: ("not quite", "red"), None: ("compare", "yellow")}[reveal.correct]
     table = Table(show_header=False, box=None, expand=True, pad_edge=False)
     table.add_column(style="bold", no_wrap=True)
     table.add_column(ratio=1, overflow="fold")
     table.add_row("you", Text.assemble(reveal.given or "(no answer)", "  ", (verdict[0], verdict[1])))
-    if question.kind == "order" and reveal.correct is False:
+    if question.kind in LISTS and reveal.correct is False:
         missing, extra = order_difference(question, parse_answer(question, reveal.given))
         if missing or extra:
             table.add_row("", Text(_difference(missing, extra), style="red"))
-        else:
+        elif question.kind == "order":
             table.add_row("", Text("the same items, in another order", style="red"))
     table.add_row("the guide", guide_answer)
     table.add_row("observed", Text(shown, style="cyan"))

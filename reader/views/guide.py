@@ -32,7 +32,7 @@ from rich.text import Text
 
 from checks.breakit.exercises import exercise_modules
 from reader.format.guide import ClaimSpec, ExpectBlock, Guide, Prose, SourceBlock, block_reference
-from reader.format.predict import PredictQuestion
+from reader.format.predict import LISTS, PredictQuestion
 from reader.gate.workspace import Workspace
 from reader.source.anchors import Resolution
 from reader.source.checkref import CheckFinder
@@ -320,7 +320,7 @@ def predict_panel(question: PredictQuestion, *, answers: bool = False) -> Render
     parts: list[RenderableType] = [GuideMarkdown(question.question)]
     parts += [Text(f"  {chr(ord('a') + i)}) {choice}") for i, choice in enumerate(question.choices)]
     if answers:
-        shown = ", ".join(question.answer) if question.kind == "order" else str(question.answer)
+        shown = ", ".join(question.answer) if question.kind in LISTS else str(question.answer)
         parts += [Text.assemble(("answer: ", "bold green"), shown), Text(question.explain, style="green")]
     subtitle = f"revealed by claim {question.claim}"
     return Panel(Group(*parts), title=f"predict: {question.id} ({question.kind})", title_align="left",

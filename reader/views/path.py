@@ -54,6 +54,14 @@ def print_next(console: Console, readings: Path, guide_id: str, guide_ids: Itera
         console.print(shown, soft_wrap=False)
 
 
+def print_read_next(console: Console, guide_id: str) -> None:
+    """End ``predict``: the answers are given, so the next step is reading the guide they were about."""
+    console.print(Group(
+        Text.assemble(("next: ", "bold"), "read ", (guide_id, "cyan"), ", whose answers you just predicted"),
+        Text(f"  fsdp-readings show {guide_id}", style="dim"),
+    ), soft_wrap=False)  # fmt: skip
+
+
 def next_view(path: ReadingPath | None, guide_id: str) -> RenderableType | None:
     """What a guide's ``show``, ``check`` or ``predict`` ends with: the guide to read next, and how to open it."""
     if path is None or path.place(guide_id) is None:

@@ -13,6 +13,8 @@ from reader.format.predict import (
     PredictQuestion,
     agrees,
     invalid,
+    item_shape,
+    normal,
     observed,
     order_difference,
     parse_answer,
@@ -163,3 +165,73 @@ def test_an_order_answer_names_what_is_missing_and_what_is_extra() -> None:
     given = parse_answer(order, "root → blocks.0, blocks.1 -> blocks.2, blocks.2 -> blocks.3")
     assert order_difference(order, given) == (["blocks.0 -> blocks.1"], ["blocks.2 -> blocks.3"])
     assert order_difference(order, list(reversed(order.answer))) == ([], [])  # same items: only the order differs
+
+
+def test_a_set_takes_its_items_in_any_order_and_an_order_does_not() -> None:
+    units = _question("set", ["root", "blocks.1", "blocks.2"])
+    assert agrees(units, parse_answer(units, "blocks.2, root, blocks.1"))
+    ranks = _question("order", ["3x2", "3x2", "0x2"])
+    assert agrees(ranks, parse_answer(ranks, "3x2 3x2 0x2")) and not agrees(ranks, parse_answer(ranks, "0x2 3x2 3x2"))
+
+
+def test_a_typed_list_splits_as_the_answer_keys_items_read() -> None:
+    names = _question("set", ["root", "blocks.1", "blocks.2"])
+    for typed in ("root blocks.1 blocks.2", "root,blocks.1,blocks.2", "root -> blocks.1 -> blocks.2",
+                  "root → blocks.1 → blocks.2", "root;  blocks.1\nblocks.2"):  # fmt: skip
+        assert parse_answer(names, typed) == ["root", "blocks.1", "blocks.2"], typed
+    pairs = _question("set", ["root -> blocks.0", "blocks.0 -> blocks.1"])
+    for typed in ("root -> blocks.0, blocks.0 -> blocks.1", "root->blocks.0 blocks.0->blocks.1",
+                  "root → blocks.0  blocks.0 → blocks.1", "blocks.0=>blocks.1; root -> blocks.0"):  # fmt: skip
+        assert agrees(pairs, parse_answer(pairs, typed)) and invalid(pairs, typed) is None, typed
+    phrases = _question("set", ["free split from _catch_all_reshard", "free dropped from _catch_all_reshard"])
+    assert len(parse_answer(phrases, "free split from _catch_all_reshard, free dropped from _catch_all_reshard")) == 2
+    assert invalid(phrases, "free split free dropped") == "these items have spaces in them: separate them with commas"
+
+
+def test_a_pair_without_its_arrow_is_asked_again_not_graded() -> None:
+    pairs = _question("set", ["root→1", "1→0"])
+    assert (
+        invalid(pairs, "root 1, 1 0") == "each item is a pair, issuer -> target, not 'root'; separate pairs with commas"
+    )
+    assert invalid(pairs, "root -> 1 -> 0") is not None  # a chain is not a list of pairs
+
+
+GUIDES = Path(__file__).resolve().parents[2] / "readings"
+
+
+def _list_questions() -> list[PredictQuestion]:
+    from reader.format.parse import load_guide
+
+    return [q for path in sorted(GUIDES.glob("[0-9][0-9]-*.md")) if not path.name.startswith("00")
+            for q in load_guide(path).regions_of(PredictQuestion) if q.kind in ("order", "set")]  # fmt: skip
+
+
+def _typed(question: PredictQuestion, arrow: str, separator: str) -> str:
+    items = [normal(a).replace(" -> ", f" {arrow} ") for a in question.answer]
+    if question.kind == "set":
+        items = list(reversed(items))  # any order
+    return separator.join(items)
+
+
+@pytest.mark.parametrize("separator", [", ", " ", " -> ", " → "], ids=["commas", "spaces", "arrows", "unicode"])
+def test_a_first_answer_to_every_list_question_is_graded_as_its_key_intends(separator: str) -> None:
+    """The guide's own answer, typed as a learner would on a first try: comma-, space- or arrow-separated (arrows
+    separate names; pairs keep their own arrow, written either way)."""
+    for question in _list_questions():
+        shape = item_shape(question)
+        if (separator.strip() and shape != "names") or (separator == " " and shape == "phrases"):
+            continue  # arrows separate names only (a pair's own arrow is its item); phrases take commas
+
+        for arrow in ("->", "→"):
+            typed = _typed(question, arrow, separator)
+            assert invalid(question, typed) is None, (question.id, typed)
+            assert agrees(question, parse_answer(question, typed)), (question.id, typed)
+
+
+def test_a_number_may_carry_the_questions_own_noun_and_none_is_zero() -> None:
+    question = PredictQuestion("n", "How many all-gathers does one backward issue?", "number", 4, "c", None, None, "",
+                               (), 0.0, 1, 2)  # fmt: skip
+    for typed in ("4 all-gathers", "4 all-gather", "four all-gathers", "4"):
+        assert invalid(question, typed) is None and agrees(question, parse_answer(question, typed)), typed
+    assert parse_answer(question, "none") == 0 and parse_answer(question, "No") == 0
+    assert invalid(question, "4 apples") is not None and invalid(question, "four apples") is not None

@@ -128,7 +128,7 @@ def test_predict_answers_are_behind_a_disclosure_and_not_in_the_search_index(sit
     for question in questions:
         (section,) = [s for s in page.find_all("section", "predict") if s.attrs["id"] == f"predict-{question.id}"]
         (details,) = section.find_all("details")
-        answer = ", ".join(question.answer) if question.kind == "order" else str(question.answer)
+        answer = ", ".join(question.answer) if question.kind in ("order", "set") else str(question.answer)
         assert answer in details.all_text
         explain = _plain(sentence(question.explain))
         assert explain in _plain(details.all_text)

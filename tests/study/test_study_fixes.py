@@ -236,16 +236,29 @@ def test_timeline_fits_every_width_with_source_locations_whole(width: int, pool:
     assert not re.search(r"\.py:\s*$", out, re.M) and not re.search(r"^\s*\d+\s*$", out, re.M)
 
 
-def test_a_wrong_order_answer_says_what_is_missing_and_what_is_extra(data_dir: Path, tmp_path: Path) -> None:
+def test_a_wrong_list_answer_says_what_is_missing_and_what_is_extra(data_dir: Path, tmp_path: Path) -> None:
     text = (
         'reversed-order = "root → blocks.2"\n'
-        'held-during-blocks-1 = "ROOT, blocks.2, blocks.1"\n'  # the same items in another order
+        'held-during-blocks-1 = "ROOT blocks.2 blocks.1"\n'  # a set: its items in another order, space-separated
         'eval-loop-prefetch = "root->blocks.0, blocks.0->blocks.1, blocks.1->blocks.2"\n'
         'alive-at-blocks-1-backward = "1"\n'
     )
     code, out = run(["predict", "04-forward-prefetch", "--no-run", "--answers", str(answers(tmp_path, text))])
     assert code == 0, out
     flat = " ".join(out.split())
-    assert "missing: root -> blocks.0; not in the answer: root → blocks.2" in flat
-    assert "the same items, in another order" in flat
-    assert "score: 1/4 on 04-forward-prefetch" in flat  # the third, in its own arrows and spacing, is right
+    assert "missing: root -> blocks.0; not in the answer: root -> blocks.2" in flat
+    assert "in another order" not in flat  # the sets ask for no order
+    assert "score: 2/4 on 04-forward-prefetch" in flat  # the second and third, in their own spacing, are right
+
+
+def test_an_order_answer_in_another_order_is_told_so() -> None:
+    from rich.console import Console
+
+    from reader.format.predict import PredictQuestion
+    from reader.study.predict import Reveal, _revealed
+
+    question = PredictQuestion("w", "Local shapes on ranks 0-3?", "order", ["3x2", "3x2", "0x2"], "c", None, None,
+                               "Rank 3 holds none.", (), 0.0, 1, 2)  # fmt: skip
+    console = Console(record=True, width=80, force_terminal=False, color_system=None)
+    console.print(_revealed(Reveal(question, "0x2 3x2 3x2", False, ["3x2", "3x2", "0x2"], None)))
+    assert "the same items, in another order" in console.export_text()

@@ -61,13 +61,16 @@ def test_show_ends_with_the_next_guide_on_the_path() -> None:
     assert "next: 20-auto-wrap (Around the step, 1 of 4)" in " ".join(out.split())
 
 
-def test_check_and_predict_end_with_the_next_guide(pool: PoolManager, data_dir: Path, tmp_path: Path) -> None:
+def test_check_ends_with_the_next_guide_and_predict_with_reading_its_own(pool: PoolManager, data_dir: Path,
+                                                                         tmp_path: Path) -> None:  # fmt: skip
     code, out = run(["check", GUIDE, "only-outermost-is-root"], pool)
     assert code == 0 and "next: 05-mixed-precision (Around the step, 3 of 4)" in " ".join(out.split())
     answers = tmp_path / "a.toml"
     answers.write_text('is-root-at-construction = "b"\nmismatch-surfaces = "b"\nroot-all-gather-at-4 = "1"\n')
     code, out = run(["predict", GUIDE, "--no-run", "--answers", str(answers)], pool)
-    assert code == 0 and "next: 05-mixed-precision" in out
+    tail = " ".join(out.split()[-14:])
+    assert code == 0 and f"next: read {GUIDE}, whose answers you just predicted fsdp-readings show {GUIDE}" in tail
+    assert "05-mixed-precision" not in tail  # not past the guide just predicted
 
 
 def test_search_finds_guides_claims_notes_anchors_and_terms_but_no_hidden_answer() -> None:
