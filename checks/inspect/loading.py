@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -25,15 +27,26 @@ def factory(spec: str, option: str = "--model") -> tuple[Callable[[], Any], Any]
             raise LoadError(f"mini_gpt has no preset {attr!r}; choose one of: {', '.join(configs)}")
         config = configs[attr]
         return (lambda: GPT(config)), config
+    importable_from_here()
     try:
         build = getattr(importlib.import_module(module_name), attr)
     except ImportError as exc:
-        raise LoadError(f"{option} {spec}: cannot import {module_name!r} ({exc}); is it on PYTHONPATH?") from None
+        raise LoadError(f"{option} {spec}: cannot import {module_name!r} ({exc}), neither from the current directory "
+                        f"({Path.cwd()}) nor from the installed packages; run from the directory that holds it, or "
+                        "add that directory to PYTHONPATH") from None  # fmt: skip
     except AttributeError:
         raise LoadError(f"{option} {spec}: {module_name} has no {attr!r}; name a callable") from None
     if not callable(build):
         raise LoadError(f"{option} {spec} is not callable; name a function or class")
     return build, None
+
+
+def importable_from_here() -> None:
+    """The current directory on the import path, first, as ``python -m`` puts it (an installed console script puts
+    its own directory there instead); the ranks a pool starts inherit it."""
+    here = str(Path.cwd())
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
 
 
 def build_on_meta(spec: str, build: Callable[[], Any]) -> Any:

@@ -243,7 +243,7 @@ def measure(
 ) -> dict[str, Any]:
     """The measurements `checks.inspect.compare` reads (see the module docstring); ``strategy`` is one of
     `checks.inspect.predict.MEASURED`."""
-    build, _ = loading.factory(model)
+    build, _ = loading.factory(model, "the model")
     make_batch, _ = loading.factory(batch, "--input")
     plain = loading.build_for_real(model, build).to(ctx.device)
     try:

@@ -139,7 +139,7 @@ def _structure(spec: str) -> tuple[Any, dict[str, tuple[int, ...]], list[Any]]:
     shared one once): elements, size, dtype."""
     from checks.models.ddp_buckets import Param
 
-    build, _ = loading.factory(spec)
+    build, _ = loading.factory(spec, "the model")
     model = loading.build_on_meta_or_cpu(spec, build)
     shapes = {clean(n): tuple(p.shape) for n, p in model.named_parameters()}
     if not shapes:

@@ -20,7 +20,7 @@ from reader.format.guide import ClaimSpec, Guide
 from reader.study.answers import interrupted
 from reader.study.runner import FAILED, claim_runner, one_guide, pick_claims, pool_options
 from reader.study.session import CLEAN
-from reader.views.fit import fitted, indented
+from reader.views.fit import fitted, indented, plain_code
 from reader.views.path import print_next
 from reader.views.problem import guarded
 
@@ -108,7 +108,7 @@ def _results(guide: Guide, rows: list[tuple[ClaimSpec, ClaimVerdict, float]], wi
             f"{claim.world_size} ranks  {timing}  ",
         )
         lines.append(fitted(head, claim.id, width))
-        lines.append(indented(claim.statement, width, indent="    "))
+        lines.append(indented(plain_code(claim.statement), width, indent="    "))
         if verdict.skipped:
             lines.append(indented(f"skipped: {verdict.skipped}", width, "yellow", indent="    "))
         elif (shown := _measured(verdict)) is not None:

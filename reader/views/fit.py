@@ -127,3 +127,21 @@ def _labelled(label: str, value: str, width: int) -> Text:
     text.append(("\n" + indent).join(wrapped or [""]))
     text.no_wrap, text.overflow = True, "ignore"
     return text
+
+
+def with_code(text: str, style: str = "", code_style: str = "cyan") -> Text:
+    """A sentence whose Markdown code spans (```x```) show as styled code without their backticks; one with an
+    unbalanced backtick shows as it is written."""
+    parts = text.split("`")
+    if len(parts) % 2 == 0:
+        return Text(text, style=style)
+    out = Text(style=style)
+    for i, part in enumerate(parts):
+        out.append(part, style=code_style if i % 2 else "")
+    return out
+
+
+def plain_code(text: str) -> str:
+    """A sentence with its code spans' backticks dropped (where a line is wrapped as plain text); unbalanced
+    backticks stay."""
+    return text.replace("`", "") if text.count("`") % 2 == 0 else text

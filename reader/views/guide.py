@@ -36,6 +36,7 @@ from reader.format.predict import LISTS, PredictQuestion
 from reader.gate.workspace import Workspace
 from reader.source.anchors import Resolution
 from reader.source.checkref import CheckFinder
+from reader.views.fit import with_code
 from reader.views.quote import BrokenQuote, PinnedNote, quote
 
 _CODE_THEME = "ansi_dark"
@@ -146,7 +147,7 @@ def render_guide(guide: Guide, workspace: Workspace, *, answers: bool = False) -
             yield predict_panel(region, answers=answers)
         else:  # a region of a fence kind registered elsewhere (reader.format.body): its Markdown, verbatim
             yield Text(guide.raw(region))
-    yield claims_table(guide, workspace.display(guide.path), exercises_by_claim(guide))
+    yield claims_table(guide, exercises_by_claim(guide))
 
 
 def exercises_by_claim(guide: Guide) -> dict[str, list[str]]:
@@ -334,20 +335,19 @@ def view_commands(guide: Guide, claim: ClaimSpec, exercises: Mapping[str, list[s
     return commands
 
 
-def claims_table(
-    guide: Guide, path: str | None = None, exercises: Mapping[str, list[str]] | None = None
-) -> RenderableType:
+def claims_table(guide: Guide, exercises: Mapping[str, list[str]] | None = None) -> RenderableType:
     """Each claim as its id and rank count, then the statement at nearly the full width, then its check on a
     line of its own (a check's dotted path is long, and a column for it starved the statement), then the views
-    of its run as commands to paste (the ones its ``views`` declare, and its exercises)."""
+    of its run as commands to paste (the ones its ``views`` declare, and its exercises), and the command that runs
+    them all from any directory."""
     parts: list[RenderableType] = [Text(f"\nClaims of {guide.id}", style="bold")]
     for claim in guide.claims:
         head = Text.assemble(("▸ ", "cyan"), (claim.id, "bold"), (f" · {claim.world_size} ranks", "dim"))
         lines: list[RenderableType] = [
-            Text(claim.statement),
+            with_code(claim.statement),
             Text.assemble(("check ", "dim"), (claim.check, "dim"), overflow="fold"),
         ]
         lines += [Text(command, style="green", overflow="fold") for command in view_commands(guide, claim, exercises)]
         parts += [head, Padding(Group(*lines), (0, 0, 1, 4))]
-    parts.append(Text(f"run them: pytest {path or guide.path} -k claim", style="dim", overflow="fold"))
+    parts.append(Text(f"run them: fsdp-readings check {guide.id}", style="dim", overflow="fold"))
     return Group(*parts)

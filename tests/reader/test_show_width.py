@@ -28,6 +28,7 @@ from reader.source.anchors import AnchorError, Resolution
 from reader.source.checkref import CheckFinder
 from reader.source.torch_source import open_source
 from reader.views import guide as guide_view
+from reader.views.fit import plain_code
 from reader.views.guide import sentence_markdown, verbatim_rst
 from reader.views.quote import shown_start
 
@@ -137,7 +138,8 @@ def markdown_chunks(text: str) -> list[list[str]]:
 
 def expected_chunks(guide: Guide) -> list[list[str]]:
     """The words of the prose, the notes and the claims, as `show` means them to read: torch's
-    reStructuredText kept verbatim, a note's "42." kept a sentence (`reader.views.guide`)."""
+    reStructuredText kept verbatim, a note's "42." kept a sentence, a claim's code spans without backticks
+    (`reader.views.guide`)."""
     chunks: list[list[str]] = []
     for region in guide.on(torch.__version__).regions:  # a source block of an anchor scoped elsewhere is not shown
         if isinstance(region, Prose):
@@ -145,7 +147,7 @@ def expected_chunks(guide: Guide) -> list[list[str]]:
         elif isinstance(region, SourceBlock):
             for note in region.notes_for(torch.__version__):  # a note scoped to other versions is not shown
                 chunks += markdown_chunks(verbatim_rst(sentence_markdown(note.text)))
-    chunks += [claim.statement.split() for claim in guide.claims]
+    chunks += [plain_code(claim.statement).split() for claim in guide.claims]  # code spans shown without backticks
     return [chunk for chunk in chunks if chunk]
 
 

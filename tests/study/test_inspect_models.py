@@ -12,6 +12,7 @@ import argparse
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -215,3 +216,26 @@ def test_a_run_that_fails_names_the_rank_and_what_it_raised() -> None:
     assert problem.message.splitlines()[0] == ("the full-shard run of m:f on 2 ranks: rank 0 raised RuntimeError: "
                                                "size mismatch, got input (6), mat (6x8), vec (64)")  # fmt: skip
     assert "--strategy ddp" in problem.fix
+
+
+def test_a_model_in_the_current_directory_is_importable_as_python_m_would_make_it(tmp_path: Path) -> None:
+    """The console script puts its own directory first on the import path, not the current one: ``inspect`` adds
+    the current directory, and the ranks it starts inherit it."""
+    import subprocess
+    import sys
+
+    (tmp_path / "my_model.py").write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "def build():\n    return nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))\n\n"
+        "def batch():\n    return torch.randn(2, 4)\n",
+        encoding="utf-8",
+    )
+    script = Path(sys.executable).parent / "fsdp-readings"
+    argv = [str(script), "inspect", "my_model:build", "--input", "my_model:batch", "--wrap", "Linear", "--json"]
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["agree"] is True
+    done = subprocess.run([str(script), "inspect", "nowhere_xyz:build", "--meta"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 2 and f"neither from the current directory ({tmp_path})" in " ".join(done.stdout.split())
+    assert "--model" not in done.stdout

@@ -150,3 +150,26 @@ def test_compare_draws_two_modes_side_by_side(pool: PoolManager) -> None:
     assert code == 0 and out.index("pre-prefetches-reverse-post-forward") < out.index("post-prefetches-after-free")
     code, out = run([*argv, "--compare", "no_such_kwarg=1"], pool)
     assert code == 2 and "takes no kwarg `no_such_kwarg`" in out
+
+
+def test_readme_starts_where_the_path_starts_and_names_the_path_command() -> None:
+    readme = (READINGS.parent / "README.md").read_text(encoding="utf-8")
+    start = tomllib.loads((READINGS / "path.toml").read_text(encoding="utf-8"))["start"]
+    commands = re.findall(r"^fsdp-readings (\w+) ?(\S*)", readme, re.M)
+    assert commands[0] == ("path", "")
+    first_guides = [guide for command, guide in commands if command in ("show", "predict", "check")]
+    assert first_guides[:3] == [start] * 3
+
+
+def test_show_ends_with_the_command_that_runs_its_claims_from_anywhere() -> None:
+    code, out = run(["show", "06-backward-prefetch"])
+    assert code == 0 and "run them: fsdp-readings check 06-backward-prefetch" in out
+    assert "pytest readings/" not in out.split("Claims of 06-backward-prefetch")[-1]
+
+
+@pytest.mark.parametrize("guide", ["07-pre-backward", "11-final-callback-and-hybrid-shard"])
+def test_claim_statements_show_their_code_without_backticks(guide: str) -> None:
+    code, out = run(["show", guide])
+    claims = out.split(f"Claims of {guide}")[-1]
+    assert code == 0 and ("_pre_backward_hook" in claims or "_finalize_params" in claims)
+    assert "`" not in claims
