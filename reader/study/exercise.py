@@ -60,7 +60,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     checks = {e.id: _checker(claims) for e in chosen}
     answers = read_answers(args.answers, list(checks), "exercise", checks)
     scores = open_scores()
-    surprises, done, ended = 0, 0, None
+    surprises, done, solved, ended = 0, 0, 0, None
     try:
         with claim_runner(session, args, scores, console) as runner:
             for number, exercise in enumerate(chosen, start=1):
@@ -80,14 +80,16 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 seen = f"failing: {', '.join(failing) or 'none'}"
                 scores.record_exercise(guide.id, exercise.id, given, guessed in failing, seen)
                 done += 1
+                solved += guessed in failing
     except KeyboardInterrupt:
         ended = "interrupted"
     except EndOfInput:
         ended = "end of input"
     scores.save()
     right, tried = scores.score(guide.id, "exercises")
+    console.print(f"this attempt: {solved}/{done}")
     console.print(f"exercises: {right}/{tried} on {guide.id}")
-    console.print("[dim]first answers count; a retake after a reveal is practice[/]")
+    console.print("[dim]the score counts first answers; a retake after a reveal is practice[/]")
     kept = f"{done} of {len(chosen)} exercises done; their results are kept"
     if ended is not None:
         return stopped(console, ended, kept)

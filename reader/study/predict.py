@@ -86,8 +86,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
         ended = "end of input"
     scores.save()
     right, scored = scores.score(guide.id)
+    graded = [r for r in reveals if r.correct is not None]
+    console.print(f"this attempt: {sum(bool(r.correct) for r in graded)}/{len(graded)}")
     console.print(f"score: {right}/{scored} on {guide.id}")
-    console.print("[dim]first answers count; a retake after a reveal is practice[/]")
+    console.print("[dim]the score counts first answers; a retake after a reveal is practice[/]")
     console.print(Text(f"saved to {scores.path}", style="dim", overflow="fold"), soft_wrap=False)
     kept = f"{len(reveals)} of {len(questions)} questions answered; their scores are kept"
     if ended is not None:

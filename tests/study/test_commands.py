@@ -160,6 +160,7 @@ def test_an_exercise_reveals_the_failure_its_break_it_test_asserts(pool, data_di
     assert code == 0, out
     flat = " ".join(out.split())
     assert "you b right" in flat and "follows-iteration-1-order: reason `prefetch-order`" in flat
+    assert "this attempt: 1/1" in flat and "exercises: 1/1 on 04-forward-prefetch" in flat
     failing = re.search(r"failing (.*?) why", flat)
     assert failing is not None and "follows-iteration-1-order" in failing.group(1)
     saved = json.loads((data_dir / "progress.json").read_text())["exercises"]["04-forward-prefetch"]

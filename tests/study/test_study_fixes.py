@@ -102,6 +102,7 @@ def test_revealing_answers_then_retaking_cannot_raise_the_score(pool: PoolManage
     assert "score: 0/3" in out
     code, out = run(["predict", GUIDE, "--no-run", "--answers", str(answers(tmp_path, RIGHT))], pool)
     assert code == 0 and "score: 0/3" in out and "you        b  right" in out  # right, but a retake
+    assert "this attempt: 3/3" in out  # the retake's own result, beside the score it cannot raise
     saved = json.loads((data_dir / "progress.json").read_text())["predict"][GUIDE]
     assert saved["is-root-at-construction"]["correct"] is True and saved["is-root-at-construction"]["honest"] is False
 
