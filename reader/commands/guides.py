@@ -378,7 +378,7 @@ def _anchor_status(workspace: Workspace, guide: Guide) -> Text:
 
 def _claim_status(guide: Guide, progress: Progress | None, torch: str | None) -> Text:
     """Claims that held (passed, or failed as their xfail expects) of the guide's claims, in their last run on this
-    torch; "not run" when none has run on it."""
+    torch, and how many failed or have not run there ("5/12 (7 not run)"); "not run" when none has run on it."""
     if not guide.claims:
         return Text("none", style="dim")
     last = progress.claims(guide.id, torch) if progress else {}
@@ -386,8 +386,11 @@ def _claim_status(guide: Guide, progress: Progress | None, torch: str | None) ->
     if not ran:
         return Text("not run", style="dim")
     held, failed = tally(ran)
-    shown = f"{held}/{len(guide.claims)}" + (f" ({failed} failed)" if failed else "")
-    return Text(shown, style="red" if failed else "green")
+    not_run = len(guide.claims) - len(ran)
+    shown = f"{held}/{len(guide.claims)}" + "".join(
+        f" ({count} {what})" for count, what in ((failed, "failed"), (not_run, "not run")) if count
+    )
+    return Text(shown, style="red" if failed else "green" if not not_run else "")
 
 
 def _score(items: int, progress: Progress | None, guide_id: str, section: Section) -> Text:
