@@ -60,15 +60,12 @@ def refusal(tree: wm.Module, wrap: wm.Wrap, strategy: str) -> Refusal | None:
 def _wrapped_alias(tree: wm.Module, wrap: wm.Wrap) -> tuple[str, str, str] | None:
     """(alias path, first path, unit) for the first alias whose module is a unit or holds one."""
     units = [u.path for u in wrap.units if u.path]
+    aliased = {path for path, module in wm.walk(tree) if module.alias_of is not None}
     for path, module in wm.walk(tree):
-        if module.alias_of is None or (path.rpartition(".")[0] and _is_alias(tree, path.rpartition(".")[0])):
+        if module.alias_of is None or path.rpartition(".")[0] in aliased:
             continue  # report the top of an aliased subtree only
         first = module.alias_of
         for unit in units:
             if wm.within(unit, first):
                 return path, first, unit
     return None
-
-
-def _is_alias(tree: wm.Module, path: str) -> bool:
-    return dict(wm.walk(tree))[path].alias_of is not None
